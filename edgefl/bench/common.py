@@ -1,0 +1,49 @@
+"""Helpers shared by the benchmarks: printing tables, writing JSON, launching MPI."""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+
+def header(name: str, argv: list[str], config: dict, seed: int | None) -> None:
+    """Print what a benchmark run is: command, config, seed, machine."""
+    print(f"# edgefl bench {name}")
+    print(f"# command: {' '.join(shlex.quote(a) for a in argv)}")
+    print(f"# config: {json.dumps(config, sort_keys=True)}")
+    if seed is not None:
+        print(f"# seed: {seed}")
+    import os
+
+    print(
+        f"# machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}"
+    )
+    sys.stdout.flush()
+
+
+def table(rows: list[dict], cols: list[str]) -> str:
+    """Render rows as an aligned text table (floats with 4 significant digits)."""
+
+    def fmt(v) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    widths = [
+        max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)
+    ]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+def write_json(path: str | None, rows: list[dict]) -> None:
+    """Write ``rows`` as a JSON list (the ``--json FILE`` of every bench)."""
+    if path:
+        Path(path).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+        print(f"# rows written to {path}")

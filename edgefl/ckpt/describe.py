@@ -1,0 +1,137 @@
+"""Human-readable summary of a checkpoint file (for ``edgefl inspect``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+from pathlib import Path
+
+from edgefl.ckpt.plan import Node, decode_leaf, short_value, unescape_key
+from edgefl.ckpt.store import _open, read_nodes
+
+MAX_CHILDREN = 8  # entries listed per nested group before eliding the middle
+MAX_TOP = 40  # entries listed at the top level before eliding
+MAX_LINES = 200  # tree lines before the listing is cut
+
+
+def _size(nbytes: int) -> str:
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    exp = min(int(math.log(nbytes, 1024)), 4)
+    return f"{nbytes / 1024**exp:.1f} {'BKMGT'[exp]}iB".replace("BiB", "B")
+
+
+def _leaf_text(node: Node) -> str:
+    data = node.data
+    assert data is not None
+    if node.kind in ("ndarray", "npscalar"):
+        shape = "x".join(str(d) for d in data.shape) if data.ndim else "scalar"
+        text = f"{data.dtype.name}[{shape}] {_size(data.nbytes)}"
+        if data.size and data.dtype.kind in "biuf" and data.size <= 4:
+            text += f" = {short_value(data.tolist(), 40)}"
+        elif data.size and data.dtype.kind in "iuf":
+            text += f" (min {data.min():.4g}, max {data.max():.4g})"
+        return text
+    try:
+        value = decode_leaf(node.kind, data)
+    except ValueError:
+        return f"{node.kind} (malformed)"
+    if node.kind == "list":
+        return f"list[{len(value)}] {short_value(value, 60)}"
+    if node.kind in ("str", "bytes"):
+        return f"{node.kind}[{len(value)}] {short_value(value, 60)}"
+    return f"{node.kind} {short_value(value)}"
+
+
+def _layouts(nodes: list[Node]) -> list[str]:
+    """Lines for groups holding ``names``/``shapes`` lists (a model layout), if any."""
+    by_path = {n.names: n for n in nodes}
+    lines = []
+    for node in nodes:
+        if node.names[-1] != "names" or node.kind != "list":
+            continue
+        shapes = by_path.get((*node.names[:-1], "shapes"))
+        if shapes is None or shapes.kind != "list":
+            continue
+        try:
+            names = decode_leaf("list", node.data)  # type: ignore[arg-type]
+            dims = decode_leaf("list", shapes.data)  # type: ignore[arg-type]
+            params = sum(math.prod(s) for s in dims)
+        except (ValueError, TypeError):
+            continue
+        where = "/" + "/".join(node.names[:-1])
+        lines.append(f"model layout at {where}: {len(names)} tensors, {params} parameters")
+    return lines
+
+
+def describe_checkpoint(path: str | os.PathLike) -> str:
+    """Multi-line summary: header (format version, write time, sizes, counts), recognised
+    sections (``round``, model layouts) and the key tree with dtypes, shapes and scalar values
+    (long groups and strings are elided). Raises CheckpointError for unreadable files.
+    """
+    p = Path(path)
+    with _open(p) as f:
+        version = int(f.attrs["format_version"])
+        created = f.attrs.get("created_unix_s")
+        nodes = read_nodes(f, str(p))
+    leaves = [n for n in nodes if n.kind != "group"]
+    arrays = [n for n in leaves if n.kind == "ndarray"]
+    lines = [f"checkpoint {p}"]
+    when = (
+        dt.datetime.fromtimestamp(float(created), dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        if created is not None
+        else "unknown time"
+    )
+    lines.append(
+        f"  format_version {version}, complete, written {when}, "
+        f"file {_size(p.stat().st_size)}, crc32 verified"
+    )
+    lines.append(
+        f"  {len(nodes) - len(leaves)} groups, {len(arrays)} arrays "
+        f"({_size(sum(n.data.nbytes for n in arrays))}), {len(leaves) - len(arrays)} other leaves"
+    )
+    top = {n.names[0]: n for n in nodes if len(n.names) == 1}
+    rnd = top.get("round")
+    if rnd is not None and rnd.kind == "int":
+        lines.append(f"  round: {decode_leaf('int', rnd.data)}")  # type: ignore[arg-type]
+    lines += ["  " + s for s in _layouts(nodes)]
+    lines.append("tree:")
+    lines += _tree(nodes)
+    return "\n".join(lines)
+
+
+def _tree(nodes: list[Node]) -> list[str]:
+    children: dict[tuple[str, ...], list[Node]] = {}
+    for n in nodes:
+        children.setdefault(n.names[:-1], []).append(n)
+    out: list[str] = []
+
+    def key_text(name: str) -> str:
+        key = unescape_key(name)
+        return key if key.isprintable() and key.strip() == key and key else repr(key)
+
+    def emit(parent: tuple[str, ...], depth: int) -> None:
+        kids = children.get(parent, [])
+        shown: list[Node | int] = list(kids)
+        limit = MAX_TOP if depth == 0 else MAX_CHILDREN
+        if len(kids) > limit:
+            head = limit - 2
+            shown = [*kids[:head], len(kids) - head - 2, *kids[-2:]]
+        for item in shown:
+            if len(out) >= MAX_LINES:
+                return
+            pad = "  " * (depth + 1)
+            if isinstance(item, int):
+                out.append(f"{pad}... {item} more entries")
+            elif item.kind == "group":
+                n_kids = len(children.get(item.names, []))
+                out.append(f"{pad}{key_text(item.names[-1])}/ ({n_kids} entries)")
+                emit(item.names, depth + 1)
+            else:
+                out.append(f"{pad}{key_text(item.names[-1])}: {_leaf_text(item)}")
+
+    emit((), 0)
+    if len(out) >= MAX_LINES:
+        out.append(f"  ... listing cut at {MAX_LINES} lines")
+    return out

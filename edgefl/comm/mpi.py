@@ -1,0 +1,257 @@
+"""The MPI transport: the only module in edgefl that imports mpi4py.
+
+Each rank pre-posts one header receive per peer (``Irecv`` into a fixed 80-byte buffer) and
+completes them with ``Testsome``, so every peer is served in turn and no ``ANY_SOURCE`` probe
+starves high ranks. Payloads travel as raw buffers (uppercase calls), split into chunks of at
+most ``chunk_bytes`` so MPI's int counts never overflow, on a tag derived from the sequence
+number so a stray payload can never be matched to another header.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from .transport import Transport
+from .wire import (
+    HEADER_BYTES,
+    NUMPY_OF,
+    DType,
+    Message,
+    Validator,
+    WireError,
+    decode_header,
+    encode_header,
+)
+
+TAG_HEADER = 1
+TAG_DATA_BASE = 16
+TAG_DATA_SPAN = 1 << 14  # data tags lie in [16, 16 + 16384): within MPI's guaranteed 32767
+
+
+def data_tag(seq: int) -> int:
+    """The MPI tag of a message's payload chunks (derived from its sequence number)."""
+    return TAG_DATA_BASE + (seq % TAG_DATA_SPAN)
+
+
+class MPITransport(Transport):
+    """Non-blocking point-to-point messaging over an MPI communicator.
+
+    Args:
+        comm: communicator (default ``MPI.COMM_WORLD``).
+        peers: ranks this rank receives from (default: all others).
+        validator: header checks (see :class:`~edgefl.comm.wire.Validator`).
+        chunk_bytes: largest payload piece per MPI message (bytes, default 1 GiB).
+        payload_timeout_s: how long to wait for a payload whose header arrived (seconds).
+        poll_min_s / poll_max_s / spin_s: idle back-off bounds (seconds), see
+            :class:`~edgefl.comm.transport.Transport`.
+    """
+
+    def __init__(
+        self,
+        validator: Validator,
+        comm: MPI.Comm | None = None,
+        peers: Sequence[int] | None = None,
+        chunk_bytes: int = 1 << 30,
+        payload_timeout_s: float = 30.0,
+        poll_min_s: float = 5e-5,
+        poll_max_s: float = 1e-3,
+        spin_s: float = 5e-4,
+    ) -> None:
+        comm = comm if comm is not None else MPI.COMM_WORLD
+        super().__init__(
+            comm.Get_rank(), comm.Get_size(), validator, poll_min_s, poll_max_s, spin_s
+        )
+        if not 0 < chunk_bytes < (1 << 31):
+            raise ValueError(f"chunk_bytes must be in (0, 2**31), got {chunk_bytes}")
+        self.comm = comm
+        self.chunk_bytes = chunk_bytes
+        self.validator.chunk_bytes = chunk_bytes
+        self.payload_timeout_s = payload_timeout_s
+        self.peers = (
+            list(peers) if peers is not None else [r for r in range(self.size) if r != self.rank]
+        )
+        self._hbuf = [np.empty(HEADER_BYTES, np.uint8) for _ in self.peers]
+        self._hreq = [self._post_header(i) for i in range(len(self.peers))]
+        self._status = MPI.Status()
+        # pending sends: (requests, keep-alive buffers, release callback)
+        self._pending: list[tuple[list[MPI.Request], tuple, Callable[[], None] | None]] = []
+        self._closed = False
+
+    # -- sending ------------------------------------------------------------------------
+    def _send(self, dest, kind, device, seq, round_, vtime, aux, payload, release) -> None:
+        header = encode_header(kind, device, seq, round_, vtime, payload, aux, self.chunk_bytes)
+        reqs = [self.comm.Isend([header, MPI.BYTE], dest, TAG_HEADER)]
+        nbytes = HEADER_BYTES
+        if payload is not None:
+            raw = payload.view(np.uint8)
+            tag = data_tag(seq)
+            for start in range(0, raw.size, self.chunk_bytes):
+                piece = raw[start : start + self.chunk_bytes]
+                reqs.append(self.comm.Isend([piece, MPI.BYTE], dest, tag))
+            nbytes += raw.size
+        self._pending.append((reqs, (header, payload), release))
+        self.stats.msgs_sent[dest] += 1
+        self.stats.bytes_sent[dest] += nbytes
+        if len(self._pending) > 64:
+            self._reap()
+
+    def _reap(self) -> None:
+        still = []
+        for reqs, bufs, release in self._pending:
+            if MPI.Request.Testall(reqs):
+                if release is not None:
+                    release()
+            else:
+                still.append((reqs, bufs, release))
+        self._pending = still
+
+    def wait_sends(self) -> None:
+        for reqs, _bufs, release in self._pending:
+            MPI.Request.Waitall(reqs)
+            if release is not None:
+                release()
+        self._pending = []
+
+    # -- receiving ----------------------------------------------------------------------
+    def _post_header(self, i: int) -> MPI.Request:
+        return self.comm.Irecv([self._hbuf[i], MPI.BYTE], self.peers[i], TAG_HEADER)
+
+    def _poll_once(self) -> list[Message]:
+        if self._pending:
+            self._reap()
+        done = MPI.Request.Testsome(self._hreq)
+        if not done:
+            return []
+        out = []
+        for i in sorted(done):
+            src = self.peers[i]
+            try:
+                msg = self._receive(src, self._hbuf[i])  # decodes before anything else
+            finally:
+                self._hreq[i] = self._post_header(i)
+            if msg is not None:
+                out.append(msg)
+        return out
+
+    def _receive(self, src: int, raw: np.ndarray) -> Message | None:
+        try:
+            h = decode_header(raw)
+        except WireError as e:
+            self._reject(src, str(e))
+            return None
+        nbytes = h.nbytes
+        try:
+            kind = self.validator.check(src, h)
+        except WireError as e:
+            self._drain(src, h.seq, h.nchunks)
+            self._reject(src, str(e))
+            return None
+        payload = None
+        if nbytes:
+            dtype = NUMPY_OF[DType(h.dtype)]
+            payload = self.pool.get(nbytes // dtype.itemsize, dtype)
+            err = self._recv_payload(src, h.seq, payload.view(np.uint8))
+            if err:
+                self.pool.put(payload)
+                self._reject(src, err)
+                return None
+        self.stats.msgs_recv[src] += 1
+        self.stats.bytes_recv[src] += HEADER_BYTES + nbytes
+        if self.validator.is_duplicate(src, h):
+            self.stats.duplicates[src] += 1
+            if payload is not None:
+                self.pool.put(payload)
+            return None
+        aux = h.aux
+        return Message(
+            kind=kind,
+            src=src,
+            device=h.device,
+            seq=h.seq,
+            round=h.round,
+            vtime=h.vtime,
+            aux=aux,  # type: ignore[arg-type]
+            payload=payload,
+            nbytes=nbytes,
+            _pooled=payload is not None,
+        )
+
+    def _wait(self, req: MPI.Request) -> bool:
+        """Wait for a payload request already in flight: spin briefly, then back off."""
+        status = self._status
+        t0 = time.monotonic()
+        sleep = 0.0
+        while not req.Test(status):
+            elapsed = time.monotonic() - t0
+            if elapsed > self.payload_timeout_s:
+                req.Cancel()
+                req.Wait()
+                return False
+            if elapsed > 0.01:
+                sleep = min(max(sleep * 2, self.poll_min_s), self.poll_max_s)
+            time.sleep(sleep)
+        return True
+
+    def _recv_payload(self, src: int, seq: int, raw: np.ndarray) -> str | None:
+        tag = data_tag(seq)
+        pieces = [raw[i : i + self.chunk_bytes] for i in range(0, raw.size, self.chunk_bytes)]
+        for piece in pieces:
+            try:
+                req = self.comm.Irecv([piece, MPI.BYTE], src, tag)
+                if not self._wait(req):
+                    return f"payload did not arrive within {self.payload_timeout_s} s"
+            except MPI.Exception as e:
+                if e.Get_error_class() == MPI.ERR_TRUNCATE:
+                    return "payload longer than its header says"
+                raise
+            got = self._status.Get_count(MPI.BYTE)
+            if got != piece.size:
+                return f"payload chunk of {got} bytes, header says {piece.size}"
+        return None
+
+    def _drain(self, src: int, seq: int, nchunks: int) -> None:
+        """Consume the payload chunks of a rejected header so they never match anything.
+
+        The real size comes from a matched probe, so a lying header cannot make this
+        allocate more than was actually sent. Gives up after 1 s per chunk.
+        """
+        tag = data_tag(seq)
+        status = MPI.Status()
+        for _ in range(min(nchunks, 1 << 16)):
+            deadline = time.monotonic() + 1.0
+            while (m := self.comm.Improbe(src, tag, status)) is None:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(self.poll_min_s)
+            m.Recv([np.empty(status.Get_count(MPI.BYTE), np.uint8), MPI.BYTE])
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for req in self._hreq:
+            req.Cancel()
+        MPI.Request.Waitall(self._hreq)
+        self.wait_sends()
+
+
+def world_info() -> tuple[int, int, int]:
+    """(rank, size, node-local rank) of this process in ``MPI.COMM_WORLD``.
+
+    The local rank comes from a shared-memory split of the world communicator (collective:
+    every rank must call this once at start-up).
+    """
+    comm = MPI.COMM_WORLD
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local = node.Get_rank()
+    node.Free()
+    return comm.Get_rank(), comm.Get_size(), local
+
+
+def mpi_library() -> str:
+    """The MPI library's version string (first line)."""
+    return MPI.Get_library_version().splitlines()[0].strip()

@@ -1,0 +1,169 @@
+"""The transport interface shared by the MPI transport and the in-process loopback.
+
+A transport moves :class:`~edgefl.comm.wire.Message` objects between ranks. Sends are
+non-blocking and zero-copy: the payload array must not be modified until the send completed
+(``release`` is called then, or :meth:`Transport.wait_sends` returns). Receives are polled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections import Counter, defaultdict
+from collections.abc import Callable
+
+import numpy as np
+
+from .wire import Kind, Message, Validator
+
+log = logging.getLogger("edgefl.comm")
+
+
+class BufferPool:
+    """Reuses receive buffers by (bytes, dtype) so large payloads do not page-fault each time."""
+
+    def __init__(self, max_per_key: int = 4) -> None:
+        self._free: dict[tuple[int, str], list[np.ndarray]] = defaultdict(list)
+        self.max_per_key = max_per_key
+
+    def get(self, count: int, dtype: np.dtype) -> np.ndarray:
+        free = self._free.get((count, dtype.str))
+        if free:
+            return free.pop()
+        return np.empty(count, dtype)
+
+    def put(self, arr: np.ndarray) -> None:
+        free = self._free[(arr.size, arr.dtype.str)]
+        if len(free) < self.max_per_key:
+            free.append(arr)
+
+
+class Stats:
+    """Per-peer counters of messages and payload+header bytes, both directions."""
+
+    def __init__(self) -> None:
+        self.msgs_sent: Counter[int] = Counter()
+        self.bytes_sent: Counter[int] = Counter()
+        self.msgs_recv: Counter[int] = Counter()
+        self.bytes_recv: Counter[int] = Counter()
+        self.rejected: Counter[int] = Counter()
+        self.duplicates: Counter[int] = Counter()
+
+
+class Transport(ABC):
+    """Point-to-point, non-blocking messaging between ``size`` ranks.
+
+    Args:
+        rank: this process's rank.
+        size: number of ranks.
+        validator: checks every received header (see :class:`Validator`).
+        poll_min_s: first back-off sleep when nothing arrived (seconds).
+        poll_max_s: longest back-off sleep (seconds); bounds the added latency.
+        spin_s: how long a waiting poll re-tests without sleeping before backing off
+            (seconds). A short spin catches replies that are already on their way; Linux
+            sleeps at least ~60 us however short the request, which would dominate.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        validator: Validator,
+        poll_min_s: float = 5e-5,
+        poll_max_s: float = 1e-3,
+        spin_s: float = 5e-4,
+    ) -> None:
+        self.rank = rank
+        self.spin_s = spin_s
+        self.size = size
+        self.validator = validator
+        self.poll_min_s = poll_min_s
+        self.poll_max_s = poll_max_s
+        self.pool = BufferPool()
+        self.stats = Stats()
+        self._seq: dict[tuple[int, int, int], int] = defaultdict(int)
+
+    def next_seq(self, dest: int, device: int, kind: Kind) -> int:
+        """Next sequence number for (dest, device, kind), starting at 1."""
+        key = (dest, device, int(kind))
+        self._seq[key] += 1
+        return self._seq[key]
+
+    def send(
+        self,
+        dest: int,
+        kind: Kind,
+        *,
+        device: int = -1,
+        round: int = 0,
+        vtime: float = 0.0,
+        aux: tuple[float, ...] = (),
+        payload: np.ndarray | None = None,
+        seq: int | None = None,
+        release: Callable[[], None] | None = None,
+    ) -> int:
+        """Start sending one message; returns its sequence number.
+
+        ``payload`` is sent without copying: leave it untouched until ``release`` is called
+        (or :meth:`wait_sends`). ``seq`` overrides the automatic sequence number (used to
+        re-deliver a message, which the receiver then ignores).
+        """
+        if payload is not None:
+            payload = np.ascontiguousarray(payload).reshape(-1)
+        if seq is None:
+            seq = self.next_seq(dest, device, kind)
+        self._send(dest, int(kind), device, seq, round, vtime, tuple(aux), payload, release)
+        return seq
+
+    @abstractmethod
+    def _send(self, dest, kind, device, seq, round_, vtime, aux, payload, release) -> None: ...
+
+    @abstractmethod
+    def _poll_once(self) -> list[Message]:
+        """Receive, validate and return whatever has arrived, without waiting."""
+
+    @abstractmethod
+    def wait_sends(self) -> None:
+        """Block until every send started so far completed (buffers may then be reused)."""
+
+    def poll(self, timeout: float = 0.0) -> list[Message]:
+        """Return the messages that arrived, waiting up to ``timeout`` seconds for at least one.
+
+        Waiting sleeps with exponential back-off between ``poll_min_s`` and ``poll_max_s``
+        so an idle rank does not burn a core.
+        """
+        msgs = self._poll_once()
+        if msgs or timeout <= 0:
+            return msgs
+        start = time.monotonic()
+        deadline = start + timeout
+        spin_until = start + min(self.spin_s, timeout)
+        while time.monotonic() < spin_until:
+            msgs = self._poll_once()
+            if msgs:
+                return msgs
+        sleep = self.poll_min_s
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                return []
+            time.sleep(min(sleep, deadline - now))
+            sleep = min(sleep * 2, self.poll_max_s)
+            msgs = self._poll_once()
+            if msgs:
+                return msgs
+
+    def release(self, msg: Message) -> None:
+        """Give a received payload buffer back for reuse (optional; call when done with it)."""
+        if msg._pooled and msg.payload is not None:
+            self.pool.put(msg.payload)
+            msg.payload = None
+            msg._pooled = False
+
+    def close(self) -> None:
+        """Cancel posted receives and wait for pending sends."""
+
+    def _reject(self, src: int, reason: str) -> None:
+        self.stats.rejected[src] += 1
+        log.warning("rank %d: rejected message from rank %d: %s", self.rank, src, reason)

@@ -1,0 +1,285 @@
+"""The wire format: a fixed 80-byte header plus an optional flat numeric payload.
+
+Pure code (numpy only): encoding, decoding and validation of headers are shared by every
+transport, so the MPI transport and the in-process loopback reject exactly the same messages.
+
+A message travels as one header message followed by ``nchunks`` payload messages. The payload
+is a raw buffer (never pickled); its dtype is a one-byte code in the header.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+MAGIC = 0xED6EF1
+VERSION = 1
+
+HEADER_DTYPE = np.dtype(
+    [
+        ("magic", "<u4"),
+        ("version", "<u2"),
+        ("kind", "<u2"),
+        ("device", "<i4"),
+        ("dtype", "<u1"),
+        ("flags", "<u1"),
+        ("nchunks", "<u2"),
+        ("seq", "<u8"),
+        ("round", "<i8"),
+        ("vtime", "<f8"),
+        ("nbytes", "<u8"),
+        ("aux", "<f8", (4,)),
+    ]
+)
+HEADER_BYTES = HEADER_DTYPE.itemsize  # 80
+
+
+class Kind(enum.IntEnum):
+    """Message kinds. ``up`` = worker -> coordinator, ``down`` = coordinator -> worker."""
+
+    REGISTER = 1  # up: JSON (uint8) describing the devices a rank hosts
+    MODEL = 2  # down: the global model (float32, model size), device -1 = whole rank
+    TRAIN = 3  # down: train `device` from the latest MODEL; aux[0] = model version
+    UPDATE = 4  # up: model delta (float32, model size); aux = (samples, loss, seconds, version)
+    STOP = 5  # down: finish; aux[0] = exit status the worker should return
+    ERROR = 6  # up: UTF-8 text (uint8) of a fatal worker-side error
+    ORDER = 7  # down: next-epoch example order (int32) for `device`
+    HEARTBEAT = 8  # both: liveness, no payload
+
+
+class DType(enum.IntEnum):
+    """One-byte dtype codes of payloads."""
+
+    NONE = 0
+    FLOAT32 = 1
+    INT32 = 2
+    UINT8 = 3
+    FLOAT64 = 4
+    INT64 = 5
+    FLOAT16 = 6
+
+
+NUMPY_OF = {
+    DType.FLOAT32: np.dtype("<f4"),
+    DType.INT32: np.dtype("<i4"),
+    DType.UINT8: np.dtype("u1"),
+    DType.FLOAT64: np.dtype("<f8"),
+    DType.INT64: np.dtype("<i8"),
+    DType.FLOAT16: np.dtype("<f2"),
+}
+CODE_OF = {v: k for k, v in NUMPY_OF.items()}
+
+
+class WireError(ValueError):
+    """A message that must be rejected; the text says why."""
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """What a kind may carry.
+
+    ``payload``: ``"none"`` (no payload), ``"model"`` (exactly the model's size in elements),
+    or ``"any"`` (1 element up to the transport's maximum).
+    """
+
+    direction: str  # "up", "down" or "both"
+    dtypes: frozenset[DType]
+    payload: str
+
+
+SPECS: dict[Kind, KindSpec] = {
+    Kind.REGISTER: KindSpec("up", frozenset({DType.UINT8}), "any"),
+    Kind.MODEL: KindSpec("down", frozenset({DType.FLOAT32}), "model"),
+    Kind.TRAIN: KindSpec("down", frozenset({DType.NONE}), "none"),
+    Kind.UPDATE: KindSpec("up", frozenset({DType.FLOAT32}), "model"),
+    Kind.STOP: KindSpec("down", frozenset({DType.NONE}), "none"),
+    Kind.ERROR: KindSpec("up", frozenset({DType.UINT8}), "any"),
+    Kind.ORDER: KindSpec("down", frozenset({DType.INT32}), "any"),
+    Kind.HEARTBEAT: KindSpec("both", frozenset({DType.NONE}), "none"),
+}
+
+
+@dataclass
+class Message:
+    """A received (validated) message. ``payload`` is None for kinds without one."""
+
+    kind: Kind
+    src: int
+    device: int = -1
+    seq: int = 0
+    round: int = 0
+    vtime: float = 0.0
+    aux: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    payload: np.ndarray | None = None
+    nbytes: int = 0  # payload bytes on the wire
+    _pooled: bool = field(default=False, repr=False)
+
+
+class Header(NamedTuple):
+    """A decoded header (see :data:`HEADER_DTYPE` for the layout)."""
+
+    magic: int
+    version: int
+    kind: int
+    device: int
+    dtype: int
+    flags: int
+    nchunks: int
+    seq: int
+    round: int
+    vtime: float
+    nbytes: int
+    aux: tuple[float, float, float, float]
+
+
+_STRUCT = struct.Struct("<IHHiBBHQqdQ4d")
+assert _STRUCT.size == HEADER_BYTES
+
+
+def encode_header(
+    kind: int,
+    device: int,
+    seq: int,
+    round_: int,
+    vtime: float,
+    payload: np.ndarray | None,
+    aux: tuple[float, ...] = (),
+    chunk_bytes: int = 1 << 30,
+) -> np.ndarray:
+    """Build a header (as an 80-byte uint8 array) for ``payload``.
+
+    ``chunk_bytes`` is the largest payload piece sent as one MPI message (bytes).
+    """
+    code = nbytes = nchunks = 0
+    if payload is not None:
+        c = CODE_OF.get(payload.dtype)
+        if c is None:
+            raise WireError(f"unsupported payload dtype {payload.dtype}")
+        code = int(c)
+        nbytes = payload.nbytes
+        nchunks = num_chunks(nbytes, chunk_bytes)
+    a = (tuple(float(x) for x in aux) + (0.0, 0.0, 0.0, 0.0))[:4]
+    buf = np.empty(HEADER_BYTES, np.uint8)
+    _STRUCT.pack_into(
+        buf,
+        0,
+        MAGIC,
+        VERSION,
+        int(kind),
+        int(device),
+        code,
+        0,
+        nchunks,
+        int(seq),
+        int(round_),
+        float(vtime),
+        nbytes,
+        *a,
+    )
+    return buf
+
+
+def num_chunks(nbytes: int, chunk_bytes: int) -> int:
+    """How many payload messages carry ``nbytes`` bytes at ``chunk_bytes`` each."""
+    return 0 if nbytes == 0 else -(-nbytes // chunk_bytes)
+
+
+def decode_header(buf: np.ndarray | bytes, nbytes: int | None = None) -> Header:
+    """Decode an 80-byte header; raises WireError on a wrong size, magic or version."""
+    if nbytes is not None and nbytes != HEADER_BYTES:
+        raise WireError(f"header of {nbytes} bytes, expected {HEADER_BYTES}")
+    v = _STRUCT.unpack_from(buf, 0)
+    h = Header(*v[:11], aux=v[11:])
+    if h.magic != MAGIC:
+        raise WireError(f"bad magic 0x{h.magic:x}")
+    if h.version != VERSION:
+        raise WireError(f"wire version {h.version}, expected {VERSION}")
+    return h
+
+
+class Validator:
+    """Checks a decoded header against what the receiver expects.
+
+    Args:
+        rank: the receiving rank (0 = coordinator).
+        model_numel: number of float32 elements of the model (checked for MODEL/UPDATE);
+            0 = not known yet (any length accepted).
+        max_payload_bytes: the largest payload accepted for ``"any"`` kinds (bytes).
+        chunk_bytes: the sender's chunk size (bytes), to check ``nchunks``.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        model_numel: int = 0,
+        max_payload_bytes: int = 1 << 34,
+        chunk_bytes: int = 1 << 30,
+    ) -> None:
+        self.rank = rank
+        self.model_numel = model_numel
+        self.max_payload_bytes = max_payload_bytes
+        self.chunk_bytes = chunk_bytes
+        # rank -> device ids it hosts; None = registration not done yet (only REGISTER,
+        # ERROR and HEARTBEAT are accepted from a rank before it registered).
+        self.hosted: dict[int, frozenset[int]] = {}
+        self._last_seq: dict[tuple[int, int, int], int] = {}
+
+    def check(self, src: int, h: Header) -> Kind:
+        """Return the message kind, or raise WireError saying why it is rejected."""
+        try:
+            kind = Kind(h.kind)
+        except ValueError:
+            raise WireError(f"unknown kind {h.kind}") from None
+        spec = SPECS[kind]
+        if spec.direction == "up" and self.rank != 0:
+            raise WireError(f"{kind.name} may only be sent to the coordinator")
+        if spec.direction == "down" and src != 0:
+            raise WireError(f"{kind.name} may only come from the coordinator (rank 0)")
+        try:
+            code = DType(h.dtype)
+        except ValueError:
+            raise WireError(f"unknown dtype code {h.dtype}") from None
+        nbytes = h.nbytes
+        if spec.payload == "none":
+            if code != DType.NONE or nbytes:
+                raise WireError(f"{kind.name} carries no payload, got {nbytes} bytes")
+        else:
+            if code not in spec.dtypes:
+                allowed = ",".join(d.name.lower() for d in spec.dtypes)
+                raise WireError(
+                    f"{kind.name} payload dtype {code.name.lower()}, expected {allowed}"
+                )
+            itemsize = NUMPY_OF[code].itemsize
+            if nbytes == 0 or nbytes % itemsize:
+                raise WireError(f"{kind.name} payload of {nbytes} bytes for {code.name.lower()}")
+            if spec.payload == "model" and self.model_numel:
+                if nbytes != self.model_numel * itemsize:
+                    raise WireError(
+                        f"{kind.name} payload has {nbytes // itemsize} elements, "
+                        f"model has {self.model_numel}"
+                    )
+            if nbytes > self.max_payload_bytes:
+                raise WireError(f"{kind.name} payload of {nbytes} bytes exceeds the maximum")
+            if h.nchunks != num_chunks(nbytes, self.chunk_bytes):
+                raise WireError(f"{h.nchunks} chunks for {nbytes} bytes")
+        device = h.device
+        if self.rank == 0 and src != 0 and kind not in (Kind.REGISTER, Kind.ERROR, Kind.HEARTBEAT):
+            hosted = self.hosted.get(src)
+            if hosted is None:
+                raise WireError(f"{kind.name} from rank {src} before it registered")
+            if device not in hosted:
+                raise WireError(f"rank {src} does not host device {device}")
+        return kind
+
+    def is_duplicate(self, src: int, h: Header) -> bool:
+        """True when (src, device, kind) already delivered a sequence number >= this one."""
+        key = (src, h.device, h.kind)
+        seq = h.seq
+        if seq <= self._last_seq.get(key, 0):
+            return True
+        self._last_seq[key] = seq
+        return False

@@ -1,0 +1,225 @@
+"""The configuration schema: every key, its type, default, range and meaning.
+
+This table is the single source of truth: the loader validates against it, the embedded
+default config is built from it, and ``docs/configuration.md`` is generated from it
+(``edgefl config docs``; a test checks the page is current).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Field:
+    """One config key.
+
+    Args:
+        default: value when the key is absent.
+        type: one of ``int``, ``float``, ``bool``, ``str``, ``list[int]``, ``list[str]``,
+            ``table`` (a free-form table passed through, e.g. plug-in keyword arguments).
+        doc: one sentence; units in the text (seconds, bytes, samples).
+        min / max: inclusive numeric bounds (None = unbounded).
+        choices: allowed string values (None = any).
+    """
+
+    default: Any
+    type: str
+    doc: str
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] | None = None
+    exclusive_min: bool = False
+
+
+def _f(default, type_, doc, **kw) -> Field:
+    return Field(default, type_, doc, **kw)
+
+
+SCHEMA: dict[str, Any] = {
+    "seed": _f(
+        0, "int", "Run seed; data, initial model, shuffling and sampling derive from it.", min=0
+    ),
+    "run": {
+        "rounds": _f(20, "int", "Number of global rounds (T).", min=1),
+        "target_accuracy": _f(
+            0.0,
+            "float",
+            "Stop early once test accuracy reaches this (0 = never stop early).",
+            min=0.0,
+            max=1.0,
+        ),
+        "eval_every": _f(
+            1, "int", "Evaluate the global model on the test set every N rounds.", min=1
+        ),
+        "checkpoint_every": _f(
+            5, "int", "Write a checkpoint every N rounds (0 = only at the end).", min=0
+        ),
+        "out": _f(
+            "",
+            "str",
+            "Run directory (config, metrics.jsonl, checkpoints, final model); "
+            "empty = runs/<time>-<name>.",
+        ),
+    },
+    "fleet": {
+        "devices": _f(8, "int", "Number of logical edge devices (clients).", min=1),
+        "ranks": _f(
+            5, "int", "MPI ranks `edgefl simulate` launches, coordinator included (>= 2).", min=2
+        ),
+        "device": _f(
+            "auto",
+            "str",
+            "Torch device of worker ranks: auto (cuda:{local_rank % gpus} where CUDA "
+            "exists, else cpu), cpu, cuda or cuda:N.",
+        ),
+        "device_map": _f(
+            {}, "table", 'Per-device override of the torch device, e.g. {"0" = "cuda:0"}.'
+        ),
+        "threads": _f(
+            1, "int", "Torch intra-op threads per rank (1 suits many ranks per box).", min=1
+        ),
+    },
+    "data": {
+        "source": _f(
+            "synthetic",
+            "str",
+            "Dataset: synthetic, partition, fedh5, text, or a plug-in 'package.module:function'.",
+        ),
+        "args": _f(
+            {},
+            "table",
+            "Keyword arguments of the data source (see docs/custom-data.md); when absent, "
+            "the source's defaults in DEFAULT_ARGS.",
+        ),
+    },
+    "model": {
+        "name": _f(
+            "mlp", "str", "Model: logreg, mlp, cnn, lstm, or a custom 'package.module:Class'."
+        ),
+        "args": _f(
+            {}, "table", "Keyword arguments of the model; when absent, those in DEFAULT_ARGS."
+        ),
+    },
+    "train": {
+        "local_epochs": _f(1, "int", "Local epochs per round (E) when local_steps is 0.", min=1),
+        "local_steps": _f(0, "int", "Local SGD steps per round (K); 0 = use local_epochs.", min=0),
+        "batch_size": _f(32, "int", "Local mini-batch size in samples; 0 = full batch.", min=0),
+        "lr": _f(0.05, "float", "Local SGD learning rate.", min=0.0, exclusive_min=True),
+        "momentum": _f(0.0, "float", "Local SGD momentum (reset every round).", min=0.0, max=1.0),
+        "weight_decay": _f(0.0, "float", "Local SGD L2 weight decay.", min=0.0),
+    },
+    "server": {
+        "lr": _f(
+            1.0,
+            "float",
+            "Server learning rate applied to the aggregated delta.",
+            min=0.0,
+            exclusive_min=True,
+        ),
+        "participation": _f(
+            1.0,
+            "float",
+            "Fraction of devices sampled each round.",
+            min=0.0,
+            max=1.0,
+            exclusive_min=True,
+        ),
+    },
+    "algorithm": {
+        "consistency": _f(
+            "bsp", "str", "Consistency model (bsp: every round waits for all).", choices=("bsp",)
+        ),
+        "aggregation": _f(
+            "sample-weighted",
+            "str",
+            "How deltas are combined: sample-weighted (FedAvg) or mean.",
+            choices=("sample-weighted", "mean"),
+        ),
+    },
+    "comm": {
+        "chunk_bytes": _f(
+            1 << 30,
+            "int",
+            "Largest payload piece per MPI message (bytes).",
+            min=1024,
+            max=(1 << 31) - 1,
+        ),
+        "max_payload_bytes": _f(
+            1 << 34, "int", "Largest payload a receiver accepts (bytes).", min=1
+        ),
+        "poll_max_s": _f(
+            1e-3, "float", "Longest idle back-off sleep while polling (seconds).", min=0.0
+        ),
+        "payload_timeout_s": _f(
+            30.0,
+            "float",
+            "Wait for a payload whose header arrived (seconds).",
+            min=0.0,
+            exclusive_min=True,
+        ),
+        "register_timeout_s": _f(
+            120.0,
+            "float",
+            "Wait for all workers to register (seconds).",
+            min=0.0,
+            exclusive_min=True,
+        ),
+    },
+    "output": {
+        "progress": _f(
+            "auto",
+            "str",
+            "Rank 0 output: auto (bar on a terminal, lines otherwise), bar, lines, quiet.",
+            choices=("auto", "bar", "lines", "quiet"),
+        ),
+    },
+    "debug": {
+        "inject": _f(
+            [],
+            "list[str]",
+            "Test hooks: rank 1 sends these forged messages before its first update "
+            "(bad-kind, bad-length, bad-dtype, duplicate, foreign-device).",
+            choices=("bad-kind", "bad-length", "bad-dtype", "duplicate", "foreign-device"),
+        ),
+        "stop_after_round": _f(
+            0,
+            "int",
+            "Stop cleanly after this round with a checkpoint, as if interrupted (0 = off).",
+            min=0,
+        ),
+    },
+}
+
+
+# Arguments used when a config names a source/model but gives no [data.args]/[model.args].
+DEFAULT_ARGS: dict[str, dict[str, dict]] = {
+    "data": {"synthetic": {"alpha": 0.5, "beta": 0.5, "dim": 60, "classes": 10}},
+    "model": {"mlp": {"hidden": [64]}},
+}
+
+
+def iter_fields(schema: dict | None = None, prefix: str = ""):
+    """Yield (dotted key path, Field) for every key of the schema, in schema order."""
+    schema = SCHEMA if schema is None else schema
+    for key, val in schema.items():
+        path = f"{prefix}{key}"
+        if isinstance(val, Field):
+            yield path, val
+        else:
+            yield from iter_fields(val, path + ".")
+
+
+def defaults(schema: dict | None = None) -> dict:
+    """The default configuration as a nested dict (fresh copies of mutable values)."""
+    import copy
+
+    schema = SCHEMA if schema is None else schema
+    out: dict = {}
+    for key, val in schema.items():
+        out[key] = copy.deepcopy(val.default) if isinstance(val, Field) else defaults(val)
+    return out
+
+
+__all__ = ["DEFAULT_ARGS", "Field", "SCHEMA", "defaults", "iter_fields"]

@@ -1,0 +1,106 @@
+"""One MPI rank of an edgefl job: set up the transport, then act as coordinator or worker.
+
+Failure handling keeps every rank from hanging: rank 0 sends STOP (with an exit status) to
+all workers whenever it stops, also after an error; a worker that fails sends ERROR to
+rank 0, which then stops everybody.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import torch
+
+from ..ckpt import load_checkpoint
+from ..comm import Kind, Validator, mpi_transport
+from ..errors import EdgeflError
+from .rundir import prepare_run_dir, resolve_run_dir
+from .state import build_task
+
+log = logging.getLogger("edgefl")
+
+
+def _transport(cfg: dict, rank: int):
+    c = cfg["comm"]
+    validator = Validator(rank, max_payload_bytes=c["max_payload_bytes"])
+    return mpi_transport(
+        validator,
+        chunk_bytes=c["chunk_bytes"],
+        payload_timeout_s=c["payload_timeout_s"],
+        poll_max_s=c["poll_max_s"],
+    )
+
+
+def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_rank: int) -> int:
+    """Run this rank's part of the job and return its exit status (0 ok, 2 user error).
+
+    Args:
+        cfg: the effective config (identical on every rank).
+        out: ``--out`` (rank 0 resolves the run directory).
+        resume: checkpoint path to continue from (read by rank 0 only).
+        stem: config file stem, for the default run directory name.
+        local_rank: node-local rank (GPU choice).
+    """
+    from .coordinator import Coordinator
+    from .worker import Worker, error_payload
+
+    torch.set_num_threads(cfg["fleet"]["threads"])
+    t = _transport(cfg, _rank())
+    status = 2
+    try:
+        if t.rank == 0:
+            try:
+                state = load_checkpoint(resume) if resume else None
+                out_dir = prepare_run_dir(
+                    resolve_run_dir(cfg, out, resume, stem), cfg, resuming=state is not None
+                )
+                task = build_task(cfg, "cpu")
+                t.validator.model_numel = task.flat.numel
+                coord = Coordinator(cfg, t, task, out_dir, state)
+                coord.register()
+                if state is not None:
+                    coord.restore()
+                status = coord.run()
+            except EdgeflError as e:
+                print(f"edgefl: error: {e}", file=sys.stderr, flush=True)
+                status = 2
+            finally:
+                _stop_all(t, status)
+        else:
+            try:
+                task = build_task(cfg, "cpu")
+                t.validator.model_numel = task.flat.numel
+                worker = Worker(cfg, t, task, local_rank)
+                worker.register()
+            except EdgeflError as e:
+                t.send(0, Kind.ERROR, payload=error_payload(str(e)))
+                t.wait_sends()
+                return _await_stop(t)
+            status = worker.run()
+    finally:
+        t.close()
+    return status
+
+
+def _rank() -> int:
+    from ..comm.mpi import MPI
+
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def _stop_all(t, status: int) -> None:
+    for w in range(1, t.size):
+        t.send(w, Kind.STOP, aux=(float(status),))
+    t.wait_sends()
+
+
+def _await_stop(t, timeout: float = 120.0) -> int:
+    """After reporting an error, wait for rank 0's STOP (so the job ends together)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for msg in t.poll(timeout=1.0):
+            if msg.kind == Kind.STOP:
+                return 2
+    return 2

@@ -1,0 +1,44 @@
+"""Which rank hosts which device, and which torch device each one trains on."""
+
+from __future__ import annotations
+
+import os
+
+
+def devices_of_rank(rank: int, num_devices: int, num_ranks: int) -> list[int]:
+    """Device ids hosted by worker ``rank`` (round-robin over ranks 1..num_ranks-1)."""
+    if rank < 1:
+        return []
+    workers = num_ranks - 1
+    return list(range(rank - 1, num_devices, workers))
+
+
+def rank_of_device(device: int, num_ranks: int) -> int:
+    """The worker rank hosting ``device``."""
+    return 1 + device % (num_ranks - 1)
+
+
+def local_rank_from_env() -> int | None:
+    """The node-local rank set by common launchers (Open MPI, MPICH/Hydra, Slurm), if any."""
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID"):
+        v = os.environ.get(var)
+        if v is not None and v.isdigit():
+            return int(v)
+    return None
+
+
+def torch_device_for(
+    device: int, setting: str, device_map: dict, local_rank: int, cuda_count: int
+) -> str:
+    """Resolve the torch device string of one logical device.
+
+    ``device_map`` (config ``fleet.device_map``) wins; then ``setting`` (``fleet.device``):
+    ``auto`` is ``cuda:{local_rank % cuda_count}`` where CUDA exists, else ``cpu``; a bare
+    ``cuda`` picks the same GPU as ``auto`` but fails where there is none.
+    """
+    choice = device_map.get(str(device), setting)
+    if choice == "auto":
+        return f"cuda:{local_rank % cuda_count}" if cuda_count > 0 else "cpu"
+    if choice == "cuda":
+        return f"cuda:{local_rank % max(cuda_count, 1)}"
+    return choice

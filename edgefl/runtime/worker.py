@@ -1,0 +1,213 @@
+"""Ranks >= 1: host one or more devices, train each one when told, push its delta."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+
+import numpy as np
+import torch
+
+from ..comm import Kind, Transport
+from ..data import FederatedDataset
+from ..models import build_model
+from ..models.flat import FlatParams
+from ..models.train import local_train
+from ..seeding import TRAIN, derive_seed
+from .placement import devices_of_rank, torch_device_for
+from .state import Task
+
+log = logging.getLogger("edgefl.worker")
+
+
+class Worker:
+    """The loop of one worker rank.
+
+    Devices hosted by the rank are trained one after another. The rank keeps one model
+    instance per torch device it uses (not one per logical device): a device's state is its
+    data, its counters and the global model it is told to start from.
+
+    Args:
+        cfg: effective config.
+        transport: this rank's transport.
+        task: data (lazy; only this rank's devices are built) and a CPU model instance.
+        local_rank: node-local rank (GPU selection).
+    """
+
+    def __init__(self, cfg: dict, transport: Transport, task: Task, local_rank: int = 0) -> None:
+        self.cfg = cfg
+        self.t = transport
+        self.task = task
+        self.data: FederatedDataset = task.data
+        self.rank = transport.rank
+        self.devices = devices_of_rank(self.rank, cfg["fleet"]["devices"], transport.size)
+        cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        self.torch_dev = {
+            d: torch_device_for(
+                d, cfg["fleet"]["device"], cfg["fleet"]["device_map"], local_rank, cuda
+            )
+            for d in self.devices
+        }
+        self.models: dict[str, tuple[torch.nn.Module, FlatParams]] = {}
+        self.global_model = np.zeros(task.flat.numel, np.float32)
+        self.global_round = -1
+        self._free: list[np.ndarray] = []
+        self._inject = list(cfg["debug"]["inject"]) if self.rank == 1 else []
+        self._inject_done: set[str] = set()
+
+    def _model_on(self, dev: str) -> tuple[torch.nn.Module, FlatParams]:
+        if dev not in self.models:
+            if dev == "cpu":
+                self.models[dev] = (self.task.model, self.task.flat)
+            else:
+                if dev.startswith("cuda") and not torch.cuda.is_available():
+                    from ..errors import ConfigError
+
+                    raise ConfigError(
+                        f"rank {self.rank}: torch device '{dev}' requested (fleet.device / "
+                        "fleet.device_map) but CUDA is not available here"
+                    )
+                c = self.cfg
+                m = build_model(
+                    c["model"]["name"], self.data.info, dict(c["model"]["args"]), c["seed"]
+                ).to(dev)
+                self.models[dev] = (m, FlatParams(m, dev))
+        return self.models[dev]
+
+    def register(self) -> None:
+        """Build this rank's devices' data and models, then announce them to rank 0."""
+        devs = []
+        for d in self.devices:
+            self._model_on(self.torch_dev[d])
+            devs.append(
+                {
+                    "id": d,
+                    "torch": self.torch_dev[d],
+                    "kind": "gpu" if self.torch_dev[d].startswith("cuda") else "cpu",
+                    "samples": int(self.data.num_samples(d)),
+                }
+            )
+        info = {
+            "rank": self.rank,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "devices": devs,
+            "numel": int(self.task.flat.numel),
+            "signature": self.task.signature,
+        }
+        payload = np.frombuffer(json.dumps(info).encode("utf-8"), np.uint8)
+        self.t.send(0, Kind.REGISTER, payload=payload)
+
+    def run(self) -> int:
+        """Serve the coordinator until STOP; returns the exit status it asks for."""
+        while True:
+            for msg in self.t.poll(timeout=5.0):
+                if msg.kind == Kind.STOP:
+                    self.t.wait_sends()
+                    return int(msg.aux[0])
+                if msg.kind == Kind.MODEL:
+                    np.copyto(self.global_model, msg.payload)
+                    self.global_round = msg.round
+                    self.t.release(msg)
+                elif msg.kind == Kind.TRAIN:
+                    if msg.round != self.global_round:
+                        log.warning(
+                            "rank %d: TRAIN for round %d but model is of round %d",
+                            self.rank,
+                            msg.round,
+                            self.global_round,
+                        )
+                    self.train(msg.device, msg.round)
+                else:
+                    log.warning("rank %d: ignoring %s", self.rank, msg.kind.name)
+
+    def train(self, device: int, round_: int) -> None:
+        """Run the local epochs/steps of ``device`` from the global model and push its delta."""
+        c = self.cfg["train"]
+        dev = self.torch_dev[device]
+        model, flat = self._model_on(dev)
+        flat.from_host(self.global_model)
+        gen = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, round_, TRAIN))
+        t0 = time.perf_counter()
+        loss, _ = local_train(
+            model,
+            self.data.train(device),
+            epochs=c["local_epochs"],
+            steps=c["local_steps"],
+            batch_size=c["batch_size"],
+            lr=c["lr"],
+            momentum=c["momentum"],
+            weight_decay=c["weight_decay"],
+            generator=gen,
+            task=self.data.info.task,
+            device=dev,
+        )
+        if dev.startswith("cuda"):
+            torch.cuda.synchronize(dev)
+        seconds = time.perf_counter() - t0
+        delta = self._free.pop() if self._free else np.empty_like(self.global_model)
+        np.subtract(flat.to_host(), self.global_model, out=delta)
+        samples = self.data.num_samples(device)
+        aux = (float(samples), float(loss), seconds, float(round_))
+        if self._inject:
+            self._forge(device, round_, delta, aux)
+        seq = self.t.send(
+            0,
+            Kind.UPDATE,
+            device=device,
+            round=round_,
+            aux=aux,
+            payload=delta,
+            release=lambda: self._free.append(delta),
+        )
+        if "duplicate" in self._inject_done:
+            # re-deliver the same sequence number with garbage: it must be ignored
+            junk = np.full_like(delta, 1e6)
+            self.t.send(0, Kind.UPDATE, device=device, round=round_, aux=aux, payload=junk, seq=seq)
+            self._inject_done.discard("duplicate")
+
+    def _forge(self, device: int, round_: int, delta: np.ndarray, aux: tuple) -> None:
+        """Debug hook (config ``debug.inject``): send malformed messages once, on rank 1."""
+        n = delta.size
+        for what in self._inject:
+            if what == "bad-kind":
+                self.t.send(0, 99, device=device, round=round_)  # type: ignore[arg-type]
+            elif what == "bad-length":
+                self.t.send(
+                    0,
+                    Kind.UPDATE,
+                    device=device,
+                    round=round_,
+                    aux=aux,
+                    payload=np.zeros(n + 3, np.float32),
+                )
+            elif what == "bad-dtype":
+                self.t.send(
+                    0,
+                    Kind.UPDATE,
+                    device=device,
+                    round=round_,
+                    aux=aux,
+                    payload=np.zeros(n, np.float64),
+                )
+            elif what == "foreign-device":
+                other = self.cfg["fleet"]["devices"] + 7
+                self.t.send(
+                    0,
+                    Kind.UPDATE,
+                    device=other,
+                    round=round_,
+                    aux=aux,
+                    payload=np.zeros(n, np.float32),
+                )
+        self._inject_done = set(self._inject)
+        self._inject = []
+        self.t.wait_sends()
+
+
+def error_payload(text: str) -> np.ndarray:
+    """An ERROR message body (UTF-8 bytes as uint8)."""
+    return np.frombuffer(text.encode("utf-8")[:65536], np.uint8).copy()

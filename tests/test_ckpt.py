@@ -1,0 +1,274 @@
+"""Atomic HDF5 checkpoints: round trip, corruption detection, atomic replacement."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import edgefl.ckpt.store as store
+from edgefl.ckpt import (
+    FORMAT_VERSION,
+    checkpoint_name,
+    describe_checkpoint,
+    is_complete,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from edgefl.errors import CheckpointError
+
+MARK = np.arange(1000, 3000, dtype=np.int64)  # distinctive bytes to find in the file
+
+
+def sample_state() -> dict:
+    rng = np.random.default_rng(0)
+    return {
+        "round": 12,
+        "lr": 0.1,
+        "nan": float("nan"),
+        "done": False,
+        "name": "fedavg ✓",
+        "blob": b"\x00\x01\xff",
+        "tags": ["a", "", "c/d"],
+        "nested_list": [1, 2.5, None, True, ["x"]],
+        "nothing": None,
+        "huge": 2**80,
+        "neg": -(2**63),
+        "model": {
+            "params": rng.standard_normal(1234).astype(np.float32),
+            "names": ["w", "b"],
+            "shapes": [[3, 4], [4]],
+        },
+        "devices": {
+            f"device/{i}": {"rng": rng.integers(0, 2**32, 4, dtype=np.uint32), "seen": i}
+            for i in range(3)
+        },
+        "arrays": {
+            "f16": np.array([1.5, -0.0, np.inf], dtype=np.float16),
+            "f64_2d": rng.standard_normal((3, 5)),
+            "fortran": np.asfortranarray(rng.standard_normal((4, 3))),
+            "c64be": np.array([1 + 2j, -3j], dtype=">c8"),
+            "bool": np.array([[True, False]]),
+            "i8": np.array([-128, 127], dtype=np.int8),
+            "empty": np.zeros((0, 7), dtype=np.int32),
+            "zero_d": np.array(3.25),
+            "np_scalar": np.int16(-5),
+            "mark": MARK,
+        },
+        "": {"": 1, ".": 2, "%2F": 3, "a%b": 4},
+        "empty_group": {},
+    }
+
+
+def assert_same(a, b, where="state"):
+    assert type(a) is type(b), f"{where}: {type(a)} != {type(b)}"
+    if isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (np.ndarray, np.generic)):
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes(), where
+    elif isinstance(a, float) and a != a:
+        assert b != b, where
+    else:
+        assert a == b, where
+
+
+def test_round_trip_bit_exact(tmp_path):
+    path = tmp_path / "c.h5"
+    state = sample_state()
+    save_checkpoint(path, state)
+    assert_same(state, load_checkpoint(path))
+    assert [p.name for p in tmp_path.iterdir()] == ["c.h5"]
+    with h5py.File(path, "r") as f:
+        assert bool(f.attrs["complete"]) and int(f.attrs["format_version"]) == FORMAT_VERSION
+        ds = f["model/params"]
+        assert ds.compression is None and ds.chunks is None  # contiguous, uncompressed
+
+
+def test_unsupported_values(tmp_path):
+    with pytest.raises(TypeError, match="/a/x: unsupported value type set"):
+        save_checkpoint(tmp_path / "c.h5", {"a": {"x": {1}}})
+    with pytest.raises(TypeError, match="keys must be str"):
+        save_checkpoint(tmp_path / "c.h5", {1: 2})
+    with pytest.raises(TypeError, match="not numeric"):
+        save_checkpoint(tmp_path / "c.h5", {"s": np.array(["a"])})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(CheckpointError, match=r"nope.h5': no such file"):
+        load_checkpoint(tmp_path / "nope.h5")
+
+
+def test_not_hdf5(tmp_path):
+    p = tmp_path / "junk.h5"
+    p.write_bytes(b"this is not hdf5" * 100)
+    with pytest.raises(CheckpointError, match="junk.h5': not an HDF5 file"):
+        load_checkpoint(p)
+
+
+def test_truncated(tmp_path):
+    p = tmp_path / "c.h5"
+    save_checkpoint(p, sample_state())
+    size = p.stat().st_size
+    with open(p, "r+b") as fh:
+        fh.truncate(size // 2)
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(p)
+    assert str(p) in str(e.value) and "\n" not in str(e.value)
+    assert not is_complete(p)
+
+
+def test_flipped_byte_names_dataset(tmp_path):
+    p = tmp_path / "c.h5"
+    save_checkpoint(p, sample_state())
+    raw = bytearray(p.read_bytes())
+    at = raw.find(MARK.tobytes())
+    assert at > 0
+    raw[at + 777] ^= 0x40
+    p.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"dataset '/arrays/mark' is corrupt \(crc32"):
+        load_checkpoint(p)
+
+
+def test_missing_marker_and_wrong_version(tmp_path):
+    p = tmp_path / "c.h5"
+    save_checkpoint(p, {"a": 1})
+    with h5py.File(p, "r+") as f:
+        del f.attrs["complete"]
+    with pytest.raises(CheckpointError, match="incomplete"):
+        load_checkpoint(p)
+    save_checkpoint(p, {"a": 1})
+    with h5py.File(p, "r+") as f:
+        f.attrs["format_version"] = 99
+    with pytest.raises(CheckpointError, match="format_version 99 is not supported"):
+        load_checkpoint(p)
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("disk on fire"), KeyboardInterrupt()])
+def test_failure_mid_write_keeps_previous(tmp_path, monkeypatch, exc):
+    p = tmp_path / "c.h5"
+    save_checkpoint(p, {"v": 1, "x": np.ones(10)})
+    before = p.read_bytes()
+    calls = []
+    real = store._write_leaf
+
+    def flaky(parent, name, node):
+        calls.append(name)
+        if len(calls) == 3:
+            raise exc
+        real(parent, name, node)
+
+    monkeypatch.setattr(store, "_write_leaf", flaky)
+    with pytest.raises(type(exc)):
+        save_checkpoint(p, {"v": 2, "x": np.zeros(10), "y": 3, "z": 4})
+    assert len(calls) == 3
+    assert p.read_bytes() == before
+    assert load_checkpoint(p)["v"] == 1
+    assert sorted(os.listdir(tmp_path)) == ["c.h5"]
+
+
+def test_failure_before_replace_keeps_previous(tmp_path, monkeypatch):
+    p = tmp_path / "c.h5"
+    save_checkpoint(p, {"v": 1})
+
+    def boom(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store.os, "replace", boom)
+    with pytest.raises(CheckpointError, match="cannot write.*No space left"):
+        save_checkpoint(p, {"v": 2})
+    assert load_checkpoint(p) == {"v": 1}
+    assert sorted(os.listdir(tmp_path)) == ["c.h5"]
+
+
+def test_checkpoint_name():
+    assert checkpoint_name(7) == "ckpt-000007.h5"
+    assert checkpoint_name(1234567) == "ckpt-1234567.h5"
+    with pytest.raises(ValueError):
+        checkpoint_name(-1)
+
+
+def test_latest_checkpoint_skips_incomplete(tmp_path):
+    assert latest_checkpoint(tmp_path) is None
+    assert latest_checkpoint(tmp_path / "missing") is None
+    for r in (1, 5, 10):
+        save_checkpoint(tmp_path / checkpoint_name(r), {"round": r})
+    with h5py.File(tmp_path / checkpoint_name(10), "r+") as f:
+        del f.attrs["complete"]  # interrupted
+    (tmp_path / checkpoint_name(20)).write_bytes(b"garbage")
+    full = tmp_path / checkpoint_name(15)
+    save_checkpoint(full, {"round": 15, "x": np.zeros(1000)})
+    with open(full, "r+b") as fh:
+        fh.truncate(full.stat().st_size // 2)
+    (tmp_path / ".ckpt-000030.h5.tmp-123").write_bytes(b"partial")
+    (tmp_path / "ckpt-40.h5").write_bytes(b"")  # wrong name pattern
+    assert latest_checkpoint(tmp_path) == tmp_path / checkpoint_name(5)
+
+
+def test_describe(tmp_path):
+    p = tmp_path / checkpoint_name(12)
+    save_checkpoint(p, sample_state())
+    text = describe_checkpoint(p)
+    assert "format_version 1" in text and "round: 12" in text
+    assert "model layout at /model: 2 tensors, 16 parameters" in text
+    assert "params: float32[1234]" in text and "device/2/" in text
+    many = {"devices": {f"device/{i}": {"x": i} for i in range(100)}, "s": "y" * 500}
+    save_checkpoint(p, many)
+    text = describe_checkpoint(p)
+    assert "... 92 more entries" in text and len(text) < 2000
+
+
+# ------------------------------------------------------------------------- property test
+
+keys = st.text(max_size=8)
+arrays = hnp.arrays(
+    dtype=st.one_of(
+        hnp.integer_dtypes(endianness="="),
+        hnp.unsigned_integer_dtypes(endianness="="),
+        hnp.floating_dtypes(endianness="="),
+        hnp.complex_number_dtypes(endianness="="),
+        hnp.boolean_dtypes(),
+    ),
+    shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4),
+)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=10),
+    st.binary(max_size=10),
+    st.lists(st.text(max_size=4), max_size=3),
+)
+states = st.recursive(
+    st.dictionaries(keys, st.one_of(arrays, scalars), max_size=4),
+    lambda children: st.dictionaries(keys, children, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(state=states)
+def test_round_trip_property(tmp_path, state):
+    path = tmp_path / "prop.h5"
+    save_checkpoint(path, state)
+    assert_same(state, load_checkpoint(path))
+    assert describe_checkpoint(path)
+    Path(path).unlink()
+
+
+def test_write_into_missing_directory(tmp_path):
+    with pytest.raises(CheckpointError, match="no_dir/c.h5': cannot write"):
+        save_checkpoint(tmp_path / "no_dir" / "c.h5", {"a": 1})

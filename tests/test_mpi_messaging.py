@@ -1,0 +1,25 @@
+"""Real mpiexec, 3 ranks: every message kind round-trips (payloads chunked), malformed
+messages are rejected with a log line and the conversation continues, duplicates ignored."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.mpi
+PROGRAM = Path(__file__).parent / "mpi" / "messaging.py"
+
+
+def test_every_kind_round_trips_and_forgeries_are_rejected(launcher):
+    cmd = launcher.command(3, [sys.executable, str(PROGRAM)], ulfm=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in range(3):
+        assert f"rank {r} OK" in proc.stdout
+    err = proc.stderr
+    for src in (1, 2):
+        assert f"rejected message from rank {src}: unknown kind 99" in err
+        assert f"rejected message from rank {src}: UPDATE payload has 1003 elements" in err
+        assert f"rejected message from rank {src}: UPDATE payload dtype float64" in err
+        assert f"rejected message from rank {src}: rank {src} does not host device 99" in err
