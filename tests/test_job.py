@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_edgefl
 
 pytestmark = pytest.mark.mpi

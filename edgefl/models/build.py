@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,6 +22,9 @@ _BUILTINS: dict[str, Callable[[Any, dict[str, Any] | None], nn.Module]] = {
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILTINS)
+
+
+_INIT_LOCK = threading.Lock()
 
 
 def build_model(name: str, info: Any, args: Mapping[str, Any] | None, seed: int) -> nn.Module:
@@ -44,7 +48,9 @@ def build_model(name: str, info: Any, args: Mapping[str, Any] | None, seed: int)
             f"model.name {name!r}: unknown model (built-ins: {', '.join(MODEL_NAMES)}; "
             "or 'package.module:Class' for a custom model)"
         )
-    with torch.random.fork_rng(devices=[]):
+    # Module constructors draw from torch's global RNG: seed it inside fork_rng, and hold a
+    # lock so models built concurrently in threads cannot interleave their draws.
+    with _INIT_LOCK, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
         if builder is not None:
             model = builder(info, dict(args or {})).to(torch.float32)
