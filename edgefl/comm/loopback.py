@@ -91,19 +91,4 @@ class LoopbackTransport(Transport):
         payload = None
         if nbytes:
             payload = np.frombuffer(data, NUMPY_OF[DType(h.dtype)]).copy()
-        self.stats.msgs_recv[src] += 1
-        self.stats.bytes_recv[src] += HEADER_BYTES + nbytes
-        if self.validator.is_duplicate(src, h):
-            self.stats.duplicates[src] += 1
-            return None
-        return Message(
-            kind=kind,
-            src=src,
-            device=h.device,
-            seq=h.seq,
-            round=h.round,
-            vtime=h.vtime,
-            aux=h.aux,  # type: ignore[arg-type]
-            payload=payload,
-            nbytes=nbytes,
-        )
+        return self._deliver(src, h, kind, payload, pooled=False)

@@ -159,26 +159,7 @@ class MPITransport(Transport):
                 self.pool.put(payload)
                 self._reject(src, err)
                 return None
-        self.stats.msgs_recv[src] += 1
-        self.stats.bytes_recv[src] += HEADER_BYTES + nbytes
-        if self.validator.is_duplicate(src, h):
-            self.stats.duplicates[src] += 1
-            if payload is not None:
-                self.pool.put(payload)
-            return None
-        aux = h.aux
-        return Message(
-            kind=kind,
-            src=src,
-            device=h.device,
-            seq=h.seq,
-            round=h.round,
-            vtime=h.vtime,
-            aux=aux,  # type: ignore[arg-type]
-            payload=payload,
-            nbytes=nbytes,
-            _pooled=payload is not None,
-        )
+        return self._deliver(src, h, kind, payload, pooled=True)
 
     def _wait(self, req: MPI.Request) -> bool:
         """Wait for a payload request already in flight: spin briefly, then back off."""

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .wire import Kind, Message, Validator
+from .wire import HEADER_BYTES, Header, Kind, Message, Validator
 
 log = logging.getLogger("edgefl.comm")
 
@@ -163,6 +163,30 @@ class Transport(ABC):
 
     def close(self) -> None:
         """Cancel posted receives and wait for pending sends."""
+
+    def _deliver(
+        self, src: int, h: Header, kind: Kind, payload: np.ndarray | None, pooled: bool
+    ) -> Message | None:
+        """Count a fully received message; None if it is a duplicate (then it is dropped)."""
+        self.stats.msgs_recv[src] += 1
+        self.stats.bytes_recv[src] += HEADER_BYTES + h.nbytes
+        if self.validator.is_duplicate(src, h):
+            self.stats.duplicates[src] += 1
+            if pooled and payload is not None:
+                self.pool.put(payload)
+            return None
+        return Message(
+            kind=kind,
+            src=src,
+            device=h.device,
+            seq=h.seq,
+            round=h.round,
+            vtime=h.vtime,
+            aux=h.aux,  # type: ignore[arg-type]
+            payload=payload,
+            nbytes=h.nbytes,
+            _pooled=pooled and payload is not None,
+        )
 
     def _reject(self, src: int, reason: str) -> None:
         self.stats.rejected[src] += 1

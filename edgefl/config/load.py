@@ -77,6 +77,9 @@ def _check_value(path: str, f: Field, value: Any, source: str | None) -> Any:
     elif t == "table":
         if not isinstance(value, dict):
             raise bad(_TYPE_WORDS[t])
+        odd = _unwritable(value)
+        if odd is not None:
+            raise bad(f"plain values (string, number, boolean, list, table), not {odd}")
     if f.choices is not None:
         items = value if isinstance(value, list) else [value]
         for v in items:
@@ -88,6 +91,25 @@ def _check_value(path: str, f: Field, value: Any, source: str | None) -> Any:
         if f.max is not None and value > f.max:
             raise bad(f"a value <= {f.max:g}")
     return value
+
+
+def _unwritable(value: Any) -> str | None:
+    """Name the first value inside a free table that edgefl cannot write back (e.g. a date)."""
+    if isinstance(value, dict):
+        for v in value.values():
+            odd = _unwritable(v)
+            if odd:
+                return odd
+        return None
+    if isinstance(value, list):
+        for v in value:
+            odd = _unwritable(v)
+            if odd:
+                return odd
+        return None
+    if isinstance(value, (bool, int, float, str)):
+        return None
+    return f"a {type(value).__name__}"
 
 
 def _merge(
@@ -202,6 +224,10 @@ def load_config(
             sub = cfg[top[0]][top[1]]
             for part in top[2:-1]:
                 sub = sub.setdefault(part, {})
+                if not isinstance(sub, dict):
+                    raise ConfigError(
+                        f"--set {key}: '{part}' in '{table_path}' is a value, not a table"
+                    )
             sub[top[-1]] = value
             _check_value(table_path, node, cfg[top[0]][top[1]], "--set")
         else:
@@ -219,9 +245,13 @@ def config_from_toml(text: str, source: str = "config") -> dict:
     return load_config(doc=doc)
 
 
+def _is_torch_device(d: str) -> bool:
+    return d in ("cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())
+
+
 def _cross_checks(cfg: dict) -> None:
     dev = cfg["fleet"]["device"]
-    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+    if not (dev == "auto" or _is_torch_device(dev)):
         raise ConfigError(
             f"config key 'fleet.device' = {dev!r}: expected auto, cpu, cuda or cuda:N"
         )
@@ -231,7 +261,7 @@ def _cross_checks(cfg: dict) -> None:
                 f"config key 'fleet.device_map' has key {k!r}: expected a device id in "
                 f"0..{cfg['fleet']['devices'] - 1}"
             )
-        if not isinstance(v, str) or not (v in ("cpu", "cuda") or v.startswith("cuda:")):
+        if not isinstance(v, str) or not _is_torch_device(v):
             raise ConfigError(
                 f"config key 'fleet.device_map.{k}' = {v!r}: expected cpu, cuda or cuda:N"
             )
@@ -247,7 +277,7 @@ def _toml_value(v: Any) -> str:
         r = repr(v)
         return r if ("." in r or "e" in r or "inf" in r or "nan" in r) else r + ".0"
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+        return '"' + "".join(_escape(c) for c in v) + '"'
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
@@ -255,9 +285,22 @@ def _toml_value(v: Any) -> str:
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
+_BARE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_ESC = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _escape(c: str) -> str:
+    """One character of a TOML basic string (control characters as \\uXXXX)."""
+    if c in _ESC:
+        return _ESC[c]
+    if ord(c) < 0x20 or ord(c) == 0x7F:
+        return f"\\u{ord(c):04x}"
+    return c
+
+
 def _toml_key(k: str) -> str:
     k = str(k)
-    return k if k.replace("_", "").replace("-", "").isalnum() else _toml_value(k)
+    return k if k and set(k) <= _BARE else _toml_value(k)
 
 
 def dump_config(cfg: dict) -> str:
