@@ -100,6 +100,32 @@ class Worker:
         }
         payload = np.frombuffer(json.dumps(info).encode("utf-8"), np.uint8)
         self.t.send(0, Kind.REGISTER, payload=payload)
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """One untimed SGD step per torch device, so torch's one-off first-step set-up
+        (about a second here) is not charged to the first round's device times. The model
+        is overwritten from the global model before every real round."""
+        done = set()
+        for d in self.devices:
+            dev = self.torch_dev[d]
+            if dev in done:
+                continue
+            done.add(dev)
+            model, _ = self._model_on(dev)
+            local_train(
+                model,
+                self.data.train(d),
+                epochs=1,
+                steps=1,
+                batch_size=1,
+                lr=0.0,
+                momentum=0.0,
+                weight_decay=0.0,
+                generator=torch.Generator(),
+                task=self.data.info.task,
+                device=dev,
+            )
 
     def run(self) -> int:
         """Serve the coordinator until STOP; returns the exit status it asks for."""
