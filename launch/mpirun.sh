@@ -74,9 +74,11 @@ flags=()
 case "$("$mpirun" --version 2>&1)" in
   *"Open MPI"* | *OpenRTE*)
     # Open MPI forwards only the variables named with -x to remote nodes.
-    flags+=(--hostfile "$hostfile" --bind-to none)
+    # --map-by slot: fill each host's slots in hostfile order (rank 0 on the first host);
+    # --bind-to none: let each rank's torch threads (fleet.threads) use any core.
+    flags+=(--hostfile "$hostfile" --map-by slot --bind-to none)
     for v in PATH LD_LIBRARY_PATH PYTHONPATH OMP_NUM_THREADS PYTHONUNBUFFERED \
-             EDGEFL_TTY EDGEFL_LOG CUDA_VISIBLE_DEVICES; do
+             EDGEFL_TTY EDGEFL_LOG; do
       if [[ -n "${!v+x}" ]]; then flags+=(-x "$v"); fi
     done
     if [[ "$(id -u)" -eq 0 ]]; then flags+=(--allow-run-as-root); fi

@@ -80,6 +80,7 @@ class MPITransport(Transport):
         # pending sends: (requests, keep-alive buffers, release callback)
         self._pending: list[tuple[list[MPI.Request], tuple, Callable[[], None] | None]] = []
         self._closed = False
+        self._repost: list[int] = []
 
     # -- sending ------------------------------------------------------------------------
     def _send(self, dest, kind, device, seq, round_, vtime, aux, payload, release) -> None:
@@ -123,16 +124,21 @@ class MPITransport(Transport):
     def _poll_once(self) -> list[Message]:
         if self._pending:
             self._reap()
-        done = MPI.Request.Testsome(self._hreq)
+        if self._repost:  # header receives consumed by the previous poll
+            for i in self._repost:
+                self._hreq[i] = self._post_header(i)
+            self._repost = []
+        if len(self._hreq) == 1:  # one peer (every worker): a plain Test is cheaper
+            done = [0] if self._hreq[0].Test() else None
+        else:
+            done = MPI.Request.Testsome(self._hreq)
         if not done:
             return []
         out = []
         for i in sorted(done):
-            src = self.peers[i]
-            try:
-                msg = self._receive(src, self._hbuf[i])  # decodes before anything else
-            finally:
-                self._hreq[i] = self._post_header(i)
+            # re-posted at the next poll, off the path between arrival and the caller
+            self._repost.append(i)
+            msg = self._receive(self.peers[i], self._hbuf[i])
             if msg is not None:
                 out.append(msg)
         return out
@@ -164,6 +170,8 @@ class MPITransport(Transport):
     def _wait(self, req: MPI.Request) -> bool:
         """Wait for a payload request already in flight: spin briefly, then back off."""
         status = self._status
+        if req.Test(status):
+            return True
         t0 = time.monotonic()
         sleep = 0.0
         while not req.Test(status):
@@ -179,7 +187,10 @@ class MPITransport(Transport):
 
     def _recv_payload(self, src: int, seq: int, raw: np.ndarray) -> str | None:
         tag = data_tag(seq)
-        pieces = [raw[i : i + self.chunk_bytes] for i in range(0, raw.size, self.chunk_bytes)]
+        if raw.size <= self.chunk_bytes:
+            pieces = [raw]
+        else:
+            pieces = [raw[i : i + self.chunk_bytes] for i in range(0, raw.size, self.chunk_bytes)]
         for piece in pieces:
             try:
                 req = self.comm.Irecv([piece, MPI.BYTE], src, tag)
@@ -214,8 +225,11 @@ class MPITransport(Transport):
         if self._closed:
             return
         self._closed = True
+        for i in self._repost:
+            self._hreq[i] = MPI.REQUEST_NULL
         for req in self._hreq:
-            req.Cancel()
+            if req != MPI.REQUEST_NULL:
+                req.Cancel()
         MPI.Request.Waitall(self._hreq)
         self.wait_sends()
 

@@ -103,7 +103,7 @@ SPECS: dict[Kind, KindSpec] = {
 }
 
 
-@dataclass
+@dataclass(slots=True)
 class Message:
     """A received (validated) message. ``payload`` is None for kinds without one."""
 
@@ -201,6 +201,10 @@ def decode_header(buf: np.ndarray | bytes, nbytes: int | None = None) -> Header:
     return h
 
 
+_KINDS = {int(k): k for k in Kind}
+_DTYPES = {int(d): d for d in DType}
+
+
 class Validator:
     """Checks a decoded header against what the receiver expects.
 
@@ -230,19 +234,17 @@ class Validator:
 
     def check(self, src: int, h: Header) -> Kind:
         """Return the message kind, or raise WireError saying why it is rejected."""
-        try:
-            kind = Kind(h.kind)
-        except ValueError:
-            raise WireError(f"unknown kind {h.kind}") from None
+        kind = _KINDS.get(h.kind)
+        if kind is None:
+            raise WireError(f"unknown kind {h.kind}")
         spec = SPECS[kind]
         if spec.direction == "up" and self.rank != 0:
             raise WireError(f"{kind.name} may only be sent to the coordinator")
         if spec.direction == "down" and src != 0:
             raise WireError(f"{kind.name} may only come from the coordinator (rank 0)")
-        try:
-            code = DType(h.dtype)
-        except ValueError:
-            raise WireError(f"unknown dtype code {h.dtype}") from None
+        code = _DTYPES.get(h.dtype)
+        if code is None:
+            raise WireError(f"unknown dtype code {h.dtype}")
         nbytes = h.nbytes
         if spec.payload == "none":
             if code != DType.NONE or nbytes:
