@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     if ns.clients < 1 or ns.test_clients < 1 or ns.seed < 0:
         parser.error("--clients and --test-clients must be >= 1 and --seed >= 0")
+    for path in (ns.out, ns.test_out):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_fedh5(ns.out, make_clients(ns.clients, ns.seed, ns.samples_mean_log))
     print(f"wrote {ns.clients} clients to {ns.out}")
     if ns.test_out:

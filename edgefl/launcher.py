@@ -53,7 +53,12 @@ class Launcher:
 def find_mpiexec() -> Launcher:
     """``$EDGEFL_MPIEXEC``, else the ``mpiexec`` next to this Python, else the one on PATH."""
     env = os.environ.get("EDGEFL_MPIEXEC")
-    candidates = [env] if env else []
+    if env:  # an explicit choice is never silently replaced by another mpiexec
+        found = shutil.which(env)
+        if not found:
+            raise EdgeflError(f"EDGEFL_MPIEXEC='{env}' is not an executable file")
+        return describe(found)
+    candidates = []
     candidates.append(str(Path(sys.executable).parent / "mpiexec"))
     on_path = shutil.which("mpiexec")
     if on_path:
@@ -61,8 +66,6 @@ def find_mpiexec() -> Launcher:
     for c in candidates:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return describe(c)
-    if env:
-        raise EdgeflError(f"EDGEFL_MPIEXEC='{env}' is not an executable file")
     raise EdgeflError(
         "no mpiexec found: install MPI with pip install 'edgefl[mpi]' (mpi4py + Open MPI), "
         "or set EDGEFL_MPIEXEC to your site's mpiexec"

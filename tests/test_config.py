@@ -195,10 +195,17 @@ def test_set_key_inside_free_table_keeps_other_default_args():
 
 
 def test_set_key_inside_table_given_by_file(tmp_path):
-    """An explicit [data.args] replaces the defaults; --set then adds to it."""
+    """Keys an explicit [data.args] gives win; the rest keep edgefl's defaults for the
+    source (the same whether the key comes from a file or from --set)."""
     path = write(tmp_path, "[data.args]\ndim = 5\n")
-    assert load_config(path)["data"]["args"] == {"dim": 5}
-    assert load_config(path, ["data.args.alpha=1"])["data"]["args"] == {"dim": 5, "alpha": 1}
+    base = {"alpha": 0.5, "beta": 0.5, "classes": 10}
+    assert load_config(path)["data"]["args"] == {**base, "dim": 5}
+    assert load_config(path, ["data.args.alpha=1"])["data"]["args"] == {
+        **base,
+        "dim": 5,
+        "alpha": 1,
+    }
+    assert load_config(overrides=["data.args.dim=5"])["data"]["args"] == {**base, "dim": 5}
 
 
 def test_set_source_without_args_gives_empty_args():

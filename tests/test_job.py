@@ -170,3 +170,32 @@ def test_worker_side_error_stops_everyone_with_status_2(tmp_path, launcher):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "disk full on this node" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_worker_exception_during_training_ends_job_with_status_2(tmp_path, launcher):
+    # a custom model whose forward fails on worker ranks only: no hang, one clear report
+    mod = tmp_path / "broken_model.py"
+    mod.write_text(
+        "import os\n"
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self, info):\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(info.input_shape[0], info.num_classes)\n"
+        "    def forward(self, x):\n"
+        "        if os.environ.get('OMPI_COMM_WORLD_RANK', '0') != '0':\n"
+        "            raise RuntimeError('kaboom in forward')\n"
+        "        return self.lin(x)\n"
+    )
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\nname = "broken_model:Net"\n[fleet]\ndevices = 2\n')
+    cmd = launcher.command(
+        3,
+        [sys.executable, "-m", "edgefl", "run", str(cfg), "--out", str(tmp_path / "o")],
+        ulfm=False,
+    )
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "edgefl: error: rank 1: " in proc.stderr or "edgefl: error: rank 2: " in proc.stderr
+    assert "RuntimeError: kaboom in forward" in proc.stderr

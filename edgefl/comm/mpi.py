@@ -4,7 +4,8 @@ Each rank pre-posts one header receive per peer (``Irecv`` into a fixed 80-byte 
 completes them with ``Testsome``, so every peer is served in turn and no ``ANY_SOURCE`` probe
 starves high ranks. Payloads travel as raw buffers (uppercase calls), split into chunks of at
 most ``chunk_bytes`` so MPI's int counts never overflow, on a tag derived from the sequence
-number so a stray payload can never be matched to another header.
+number (modulo 16384): with MPI's in-order delivery per (source, tag), a payload left behind
+by a rejected header is drained and cannot be taken for the next message's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .transport import Transport
+from .transport import Transport, log
 from .wire import (
     HEADER_BYTES,
     NUMPY_OF,
@@ -128,7 +129,7 @@ class MPITransport(Transport):
             for i in self._repost:
                 self._hreq[i] = self._post_header(i)
             self._repost = []
-        if len(self._hreq) == 1:  # one peer (every worker): a plain Test is cheaper
+        if len(self._hreq) == 1:  # a single peer: a plain Test is cheaper than Testsome
             done = [0] if self._hreq[0].Test() else None
         else:
             done = MPI.Request.Testsome(self._hreq)
@@ -227,11 +228,14 @@ class MPITransport(Transport):
         self._closed = True
         for i in self._repost:
             self._hreq[i] = MPI.REQUEST_NULL
-        for req in self._hreq:
-            if req != MPI.REQUEST_NULL:
-                req.Cancel()
-        MPI.Request.Waitall(self._hreq)
-        self.wait_sends()
+        try:
+            for req in self._hreq:
+                if req != MPI.REQUEST_NULL:
+                    req.Cancel()
+            MPI.Request.Waitall(self._hreq)
+            self.wait_sends()
+        except MPI.Exception as e:  # a peer died (ULFM): nothing left to drain from it
+            log.warning("rank %d: closing after a communication failure: %s", self.rank, e)
 
 
 def world_info() -> tuple[int, int, int]:

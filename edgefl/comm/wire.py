@@ -43,7 +43,7 @@ class Kind(enum.IntEnum):
 
     REGISTER = 1  # up: JSON (uint8) describing the devices a rank hosts
     MODEL = 2  # down: the global model (float32, model size), device -1 = whole rank
-    TRAIN = 3  # down: train `device` from the latest MODEL; aux[0] = model version
+    TRAIN = 3  # down: train `device` from the latest MODEL (same round)
     UPDATE = 4  # up: model delta (float32, model size); aux = (samples, loss, seconds, version)
     STOP = 5  # down: finish; aux[0] = exit status the worker should return
     ERROR = 6  # up: UTF-8 text (uint8) of a fatal worker-side error
@@ -162,6 +162,8 @@ def encode_header(
         code = int(c)
         nbytes = payload.nbytes
         nchunks = num_chunks(nbytes, chunk_bytes)
+        if nchunks > 0xFFFF:
+            raise WireError(f"{nbytes} bytes need {nchunks} chunks of {chunk_bytes}; max 65535")
     a = (tuple(float(x) for x in aux) + (0.0, 0.0, 0.0, 0.0))[:4]
     buf = np.empty(HEADER_BYTES, np.uint8)
     _STRUCT.pack_into(

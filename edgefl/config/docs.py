@@ -15,7 +15,8 @@ is read as TOML, e.g. `--set model.args.hidden=[128,64]`), and print the effecti
 with `edgefl config show [CONFIG]`.
 
 Errors name the key: an unknown key suggests the closest valid one, a wrong type or range
-states the expectation, and the command exits with status 2 without starting MPI.
+states the expectation, and the command exits with status 2 (`edgefl simulate` checks the
+config, data source and model before it starts MPI).
 """
 
 
@@ -25,14 +26,18 @@ def _default(f: Field) -> str:
     return "`" + json.dumps(f.default) + "`"
 
 
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
 def _range(f: Field) -> str:
     parts = []
     if f.choices:
         parts.append(" \\| ".join(f.choices))
     if f.min is not None:
-        parts.append(f"{'>' if f.exclusive_min else '>='} {f.min:g}")
+        parts.append(f"{'>' if f.exclusive_min else '>='} {_num(f.min)}")
     if f.max is not None:
-        parts.append(f"<= {f.max:g}")
+        parts.append(f"<= {_num(f.max)}")
     return ", ".join(parts)
 
 
@@ -49,7 +54,10 @@ def reference_markdown() -> str:
         for key, f in fields.items():
             out.append(f"| `{key}` | {f.type} | {_default(f)} | {_range(f)} | {f.doc} |")
     out.append("\n## Default arguments of built-in sources and models\n")
-    out.append("Used when `[data.args]` / `[model.args]` are absent for that source or model.\n")
+    out.append(
+        "Keys of `[data.args]` / `[model.args]` that a config does not give take these "
+        "values (then the source's or model's own defaults).\n"
+    )
     for section, table in DEFAULT_ARGS.items():
         for name, args in table.items():
             out.append(f"- `{section}` `{name}`: `{json.dumps(args)}`")

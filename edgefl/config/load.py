@@ -201,14 +201,14 @@ def load_config(
         _merge(cfg, doc, SCHEMA, "", "config", seen)
     overrides = list(overrides or [])
     for section, key in (("data", "source"), ("model", "name")):
-        # a free args table starts from the named source's defaults unless given explicitly
-        if f"{section}.args" not in seen:
-            name = cfg[section][key]
-            for text in overrides:
-                k, v = parse_override(text)
-                if k == f"{section}.{key}":
-                    name = v
-            cfg[section]["args"] = dict(DEFAULT_ARGS[section].get(name, {}))
+        # a free args table starts from the named source's/model's edgefl defaults
+        name = cfg[section][key]
+        for text in overrides:
+            k, v = parse_override(text)
+            if k == f"{section}.{key}":
+                name = v
+        given = cfg[section]["args"] if f"{section}.args" in seen else {}
+        cfg[section]["args"] = {**DEFAULT_ARGS[section].get(name, {}), **given}
     for text in overrides:
         key, value = parse_override(text)
         _check_override_path(key)

@@ -90,8 +90,9 @@ SCHEMA: dict[str, Any] = {
         "args": _f(
             {},
             "table",
-            "Keyword arguments of the data source (see docs/custom-data.md); when absent, "
-            "the source's defaults in DEFAULT_ARGS.",
+            "Keyword arguments of the data source (see docs/custom-data-and-models.md); "
+            "keys not given take the defaults listed at the end of this page, then the "
+            "source's own.",
         ),
     },
     "model": {
@@ -99,7 +100,10 @@ SCHEMA: dict[str, Any] = {
             "mlp", "str", "Model: logreg, mlp, cnn, lstm, or a custom 'package.module:Class'."
         ),
         "args": _f(
-            {}, "table", "Keyword arguments of the model; when absent, those in DEFAULT_ARGS."
+            {},
+            "table",
+            "Keyword arguments of the model; keys not given take the defaults at the end of "
+            "this page.",
         ),
     },
     "train": {

@@ -162,6 +162,7 @@ class Coordinator:
         """Receive one UPDATE per participating device (BSP)."""
         pending = set(part)
         got: list[tuple[Update, Message]] = []
+        # (sorted by device at the end, so sums and logs never depend on arrival order)
         while pending:
             for msg in self.t.poll(timeout=1.0):
                 if msg.kind == Kind.ERROR:
@@ -188,7 +189,7 @@ class Coordinator:
                 dev = self.devices[msg.device]
                 dev["time_s"] += seconds
                 dev["last_time_s"] = seconds
-        return got
+        return sorted(got, key=lambda g: g[0].device)
 
     def run(self) -> int:
         """The round loop; returns the exit status (0 = completed)."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import traceback
 
 import torch
 
 from ..ckpt import load_checkpoint
 from ..comm import Kind, Validator, mpi_transport
-from ..errors import EdgeflError
+from ..errors import ConfigError, EdgeflError
 from .rundir import prepare_run_dir, resolve_run_dir
 from .state import build_task
 
@@ -57,6 +58,7 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                     resolve_run_dir(cfg, out, resume, stem), cfg, resuming=state is not None
                 )
                 task = build_task(cfg, "cpu")
+                _check_chunks(cfg, task.flat.nbytes)
                 t.validator.model_numel = task.flat.numel
                 coord = Coordinator(cfg, t, task, out_dir, state)
                 coord.register()
@@ -69,19 +71,37 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
             finally:
                 _stop_all(t, status)
         else:
+            worker = None
             try:
                 task = build_task(cfg, "cpu")
+                _check_chunks(cfg, task.flat.nbytes)
                 t.validator.model_numel = task.flat.numel
                 worker = Worker(cfg, t, task, local_rank)
                 worker.register()
-            except EdgeflError as e:
-                t.send(0, Kind.ERROR, payload=error_payload(str(e)))
+                status = worker.run()
+            except Exception as e:  # report, so rank 0 stops everyone instead of hanging
+                where = worker.doing if worker is not None else "set-up"
+                if isinstance(e, EdgeflError):
+                    text = str(e)
+                else:
+                    traceback.print_exc()  # not a user error: keep the details on stderr
+                    text = f"{where}: {type(e).__name__}: {e}"
+                t.send(0, Kind.ERROR, payload=error_payload(text))
                 t.wait_sends()
                 return _await_stop(t)
-            status = worker.run()
     finally:
         t.close()
     return status
+
+
+def _check_chunks(cfg: dict, model_bytes: int) -> None:
+    """The header counts chunks in 16 bits: refuse a chunk size that would need more."""
+    chunk = cfg["comm"]["chunk_bytes"]
+    if -(-model_bytes // chunk) > 65535:
+        raise ConfigError(
+            f"config key 'comm.chunk_bytes' = {chunk}: too small for a model of {model_bytes} "
+            f"bytes (at most 65535 chunks); use >= {-(-model_bytes // 65535)}"
+        )
 
 
 def _rank() -> int:

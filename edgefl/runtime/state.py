@@ -57,7 +57,7 @@ def checkpoint_state(
         "model": {
             "flat": np.array(global_model, dtype=np.float32, copy=True),
             "names": list(flat.names),
-            "shapes_json": json.dumps([list(s) for s in flat.shapes]),
+            "shapes": [list(s) for s in flat.shapes],
             "signature": layout_signature(flat.names, flat.shapes),
         },
         "server": {"optimizer": "none"},

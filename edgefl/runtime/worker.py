@@ -57,6 +57,7 @@ class Worker:
         self._free: list[np.ndarray] = []
         self._inject = list(cfg["debug"]["inject"]) if self.rank == 1 else []
         self._inject_done: set[str] = set()
+        self.doing = "set-up"  # what the rank is busy with (named in error reports)
 
     def _model_on(self, dev: str) -> tuple[torch.nn.Module, FlatParams]:
         if dev not in self.models:
@@ -67,7 +68,7 @@ class Worker:
                     from ..errors import ConfigError
 
                     raise ConfigError(
-                        f"rank {self.rank}: torch device '{dev}' requested (fleet.device / "
+                        f"torch device '{dev}' requested (fleet.device / "
                         "fleet.device_map) but CUDA is not available here"
                     )
                 c = self.cfg
@@ -98,9 +99,9 @@ class Worker:
             "numel": int(self.task.flat.numel),
             "signature": self.task.signature,
         }
+        self.warm_up()
         payload = np.frombuffer(json.dumps(info).encode("utf-8"), np.uint8)
         self.t.send(0, Kind.REGISTER, payload=payload)
-        self.warm_up()
 
     def warm_up(self) -> None:
         """One untimed SGD step per torch device, so torch's one-off first-step set-up
@@ -152,6 +153,7 @@ class Worker:
 
     def train(self, device: int, round_: int) -> None:
         """Run the local epochs/steps of ``device`` from the global model and push its delta."""
+        self.doing = f"training device {device} in round {round_}"
         c = self.cfg["train"]
         dev = self.torch_dev[device]
         model, flat = self._model_on(dev)
