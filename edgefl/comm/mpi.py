@@ -89,12 +89,15 @@ class MPITransport(Transport):
         reqs = [self.comm.Isend([header, MPI.BYTE], dest, TAG_HEADER)]
         nbytes = HEADER_BYTES
         if payload is not None:
-            raw = payload.view(np.uint8)
             tag = data_tag(seq)
-            for start in range(0, raw.size, self.chunk_bytes):
-                piece = raw[start : start + self.chunk_bytes]
-                reqs.append(self.comm.Isend([piece, MPI.BYTE], dest, tag))
-            nbytes += raw.size
+            if payload.nbytes <= self.chunk_bytes:
+                reqs.append(self.comm.Isend([payload, MPI.BYTE], dest, tag))
+            else:
+                raw = payload.view(np.uint8)
+                for start in range(0, raw.size, self.chunk_bytes):
+                    piece = raw[start : start + self.chunk_bytes]
+                    reqs.append(self.comm.Isend([piece, MPI.BYTE], dest, tag))
+            nbytes += payload.nbytes
         self._pending.append((reqs, (header, payload), release))
         self.stats.msgs_sent[dest] += 1
         self.stats.bytes_sent[dest] += nbytes
@@ -169,21 +172,24 @@ class MPITransport(Transport):
         return self._deliver(src, h, kind, payload, pooled=True)
 
     def _wait(self, req: MPI.Request) -> bool:
-        """Wait for a payload request already in flight: spin briefly, then back off."""
+        """Wait for a payload request already in flight: spin (no sleep, not even a yield)
+        for up to 10 ms, as its data is on the way, then back off up to the time-out."""
         status = self._status
         if req.Test(status):
             return True
         t0 = time.monotonic()
-        sleep = 0.0
+        spin_until = t0 + 0.01
+        while time.monotonic() < spin_until:
+            if req.Test(status):
+                return True
+        sleep = self.poll_min_s
         while not req.Test(status):
-            elapsed = time.monotonic() - t0
-            if elapsed > self.payload_timeout_s:
+            if time.monotonic() - t0 > self.payload_timeout_s:
                 req.Cancel()
                 req.Wait()
                 return False
-            if elapsed > 0.01:
-                sleep = min(max(sleep * 2, self.poll_min_s), self.poll_max_s)
             time.sleep(sleep)
+            sleep = min(sleep * 2, self.poll_max_s)
         return True
 
     def _recv_payload(self, src: int, seq: int, raw: np.ndarray) -> str | None:

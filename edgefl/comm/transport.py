@@ -109,11 +109,13 @@ class Transport(ABC):
         (or :meth:`wait_sends`). ``seq`` overrides the automatic sequence number (used to
         re-deliver a message, which the receiver then ignores).
         """
-        if payload is not None:
+        if payload is not None and (payload.ndim != 1 or not payload.flags.c_contiguous):
             payload = np.ascontiguousarray(payload).reshape(-1)
         if seq is None:
             seq = self.next_seq(dest, device, kind)
-        self._send(dest, int(kind), device, seq, round, vtime, tuple(aux), payload, release)
+        self._send(
+            dest, int(kind), int(device), seq, int(round), float(vtime), aux, payload, release
+        )
         return seq
 
     @abstractmethod

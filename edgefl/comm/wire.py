@@ -164,25 +164,15 @@ def encode_header(
         nchunks = num_chunks(nbytes, chunk_bytes)
         if nchunks > 0xFFFF:
             raise WireError(f"{nbytes} bytes need {nchunks} chunks of {chunk_bytes}; max 65535")
-    a = (tuple(float(x) for x in aux) + (0.0, 0.0, 0.0, 0.0))[:4]
-    buf = np.empty(HEADER_BYTES, np.uint8)
+    a = _NO_AUX if not aux else (*(float(x) for x in aux), 0.0, 0.0, 0.0, 0.0)[:4]
+    buf = bytearray(HEADER_BYTES)
     _STRUCT.pack_into(
-        buf,
-        0,
-        MAGIC,
-        VERSION,
-        int(kind),
-        int(device),
-        code,
-        0,
-        nchunks,
-        int(seq),
-        int(round_),
-        float(vtime),
-        nbytes,
-        *a,
+        buf, 0, MAGIC, VERSION, kind, device, code, 0, nchunks, seq, round_, vtime, nbytes, *a
     )
-    return buf
+    return np.frombuffer(buf, np.uint8)
+
+
+_NO_AUX = (0.0, 0.0, 0.0, 0.0)
 
 
 def num_chunks(nbytes: int, chunk_bytes: int) -> int:
