@@ -4,6 +4,7 @@ forged messages during a run, and `edgefl run` launched by hand."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +143,19 @@ def test_mpiexec_by_hand(small_config, tmp_path, launcher):
     assert s["workers"] == 3 and s["rounds_done"] == 6
 
 
+def _run_with_module_dir(launcher, tmp_path: Path, config: str):
+    """`mpiexec -n 3 edgefl run` of ``config`` with ``tmp_path`` (plug-in modules) importable."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(config)
+    cmd = launcher.command(
+        3,
+        [sys.executable, "-m", "edgefl", "run", str(cfg), "--out", str(tmp_path / "o")],
+        ulfm=False,
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
 def test_worker_side_error_stops_everyone_with_status_2(tmp_path, launcher):
     # a plug-in that fails only on worker ranks: the coordinator reports it and stops all
     mod = tmp_path / "flaky_plugin.py"
@@ -156,17 +170,11 @@ def test_worker_side_error_stops_everyone_with_status_2(tmp_path, launcher):
         "    x = torch.randn(20, 3); y = torch.arange(20) % 2\n"
         "    return [TensorDataset(x, y)] * num_devices, TensorDataset(x, y)\n"
     )
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        '[data]\nsource = "flaky_plugin:make"\n[model]\nname = "logreg"\n[fleet]\ndevices = 2\n'
+    proc = _run_with_module_dir(
+        launcher,
+        tmp_path,
+        '[data]\nsource = "flaky_plugin:make"\n[model]\nname = "logreg"\n[fleet]\ndevices = 2\n',
     )
-    cmd = launcher.command(
-        3,
-        [sys.executable, "-m", "edgefl", "run", str(cfg), "--out", str(tmp_path / "o")],
-        ulfm=False,
-    )
-    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "disk full on this node" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -187,15 +195,9 @@ def test_worker_exception_during_training_ends_job_with_status_2(tmp_path, launc
         "            raise RuntimeError('kaboom in forward')\n"
         "        return self.lin(x)\n"
     )
-    cfg = tmp_path / "c.toml"
-    cfg.write_text('[model]\nname = "broken_model:Net"\n[fleet]\ndevices = 2\n')
-    cmd = launcher.command(
-        3,
-        [sys.executable, "-m", "edgefl", "run", str(cfg), "--out", str(tmp_path / "o")],
-        ulfm=False,
+    proc = _run_with_module_dir(
+        launcher, tmp_path, '[model]\nname = "broken_model:Net"\n[fleet]\ndevices = 2\n'
     )
-    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "edgefl: error: rank 1: " in proc.stderr or "edgefl: error: rank 2: " in proc.stderr
     assert "RuntimeError: kaboom in forward" in proc.stderr
