@@ -81,12 +81,12 @@ class LoopbackTransport(Transport):
             h = decode_header(raw, raw.size)
             kind = self.validator.check(src, h)
         except WireError as e:
-            self._reject(src, str(e))
+            self.reject(src, str(e))
             return None
         nbytes = h.nbytes
         got = 0 if data is None else len(data)
         if got != nbytes:
-            self._reject(src, f"payload of {got} bytes, header says {nbytes}")
+            self.reject(src, f"payload of {got} bytes, header says {nbytes}")
             return None
         payload = None
         if nbytes:

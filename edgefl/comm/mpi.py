@@ -151,14 +151,14 @@ class MPITransport(Transport):
         try:
             h = decode_header(raw)
         except WireError as e:
-            self._reject(src, str(e))
+            self.reject(src, str(e))
             return None
         nbytes = h.nbytes
         try:
             kind = self.validator.check(src, h)
         except WireError as e:
             self._drain(src, h.seq, h.nchunks)
-            self._reject(src, str(e))
+            self.reject(src, str(e))
             return None
         payload = None
         if nbytes:
@@ -167,7 +167,7 @@ class MPITransport(Transport):
             err = self._recv_payload(src, h.seq, payload.view(np.uint8))
             if err:
                 self.pool.put(payload)
-                self._reject(src, err)
+                self.reject(src, err)
                 return None
         return self._deliver(src, h, kind, payload, pooled=True)
 

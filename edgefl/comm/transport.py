@@ -190,6 +190,8 @@ class Transport(ABC):
             _pooled=pooled and payload is not None,
         )
 
-    def _reject(self, src: int, reason: str) -> None:
+    def reject(self, src: int, reason: str) -> None:
+        """Count and log a rejected message from ``src`` (also used by the runtime for
+        updates that pass the wire checks but fail content checks, e.g. non-finite values)."""
         self.stats.rejected[src] += 1
         log.warning("rank %d: rejected message from rank %d: %s", self.rank, src, reason)

@@ -181,7 +181,7 @@ class Coordinator:
                     continue
                 pending.discard(msg.device)
                 if not np.isfinite(msg.payload).all():
-                    self.t._reject(msg.src, f"non-finite update from device {msg.device}")
+                    self.t.reject(msg.src, f"non-finite update from device {msg.device}")
                     self.t.release(msg)
                     continue
                 samples, loss, seconds = int(msg.aux[0]), float(msg.aux[1]), float(msg.aux[2])
