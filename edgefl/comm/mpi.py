@@ -25,10 +25,13 @@ from .wire import (
     Validator,
     WireError,
     decode_header,
-    encode_header,
+    pack_header,
+    peek_payload,
 )
 
 TAG_HEADER = 1
+_F32 = int(DType.FLOAT32)
+_F32_NP = np.dtype(np.float32)
 TAG_DATA_BASE = 16
 TAG_DATA_SPAN = 1 << 14  # data tags lie in [16, 16 + 16384): within MPI's guaranteed 32767
 
@@ -85,7 +88,7 @@ class MPITransport(Transport):
 
     # -- sending ------------------------------------------------------------------------
     def _send(self, dest, kind, device, seq, round_, vtime, aux, payload, release) -> None:
-        header = encode_header(kind, device, seq, round_, vtime, payload, aux, self.chunk_bytes)
+        header = pack_header(kind, device, seq, round_, vtime, payload, aux, self.chunk_bytes)
         reqs = [self.comm.Isend([header, MPI.BYTE], dest, TAG_HEADER)]
         nbytes = HEADER_BYTES
         if payload is not None:
@@ -148,28 +151,71 @@ class MPITransport(Transport):
         return out
 
     def _receive(self, src: int, raw: np.ndarray) -> Message | None:
+        code, nchunks, seq, nbytes = peek_payload(raw)
+        early = None
+        if (
+            code == _F32
+            and nchunks == 1
+            and nbytes == self.validator.model_numel * 4
+            and 0 < nbytes <= self.chunk_bytes
+        ):
+            # A model-sized payload (the common case): post its receive before decoding and
+            # validating, so the transfer overlaps the checks. The size is the one the
+            # receiver expects anyway, so a lying header cannot make this allocate more.
+            payload = self.pool.get(nbytes >> 2, _F32_NP)
+            early = self.comm.Irecv([payload, MPI.BYTE], src, data_tag(seq))
         try:
             h = decode_header(raw)
         except WireError as e:
+            if early is not None:
+                self._cancel_early(early, payload, src, seq, nchunks)
             self.reject(src, str(e))
             return None
-        nbytes = h.nbytes
         try:
             kind = self.validator.check(src, h)
         except WireError as e:
-            self._drain(src, h.seq, h.nchunks)
+            if early is not None:
+                self._cancel_early(early, payload, src, seq, nchunks)
+            else:
+                self._drain(src, h.seq, h.nchunks)
             self.reject(src, str(e))
             return None
-        payload = None
-        if nbytes:
+        if early is not None:
+            err = self._finish_payload(early, nbytes)
+        elif nbytes:
             dtype = NUMPY_OF[DType(h.dtype)]
             payload = self.pool.get(nbytes // dtype.itemsize, dtype)
             err = self._recv_payload(src, h.seq, payload.view(np.uint8))
-            if err:
-                self.pool.put(payload)
-                self.reject(src, err)
-                return None
+        else:
+            payload = None
+            err = None
+        if err:
+            self.pool.put(payload)
+            self.reject(src, err)
+            return None
         return self._deliver(src, h, kind, payload, pooled=True)
+
+    def _cancel_early(self, req, payload, src: int, seq: int, nchunks: int) -> None:
+        """Undo an early payload receive of a header that turned out to be bad."""
+        req.Cancel()
+        req.Wait(self._status)
+        self.pool.put(payload)
+        if self._status.Is_cancelled():
+            self._drain(src, seq, nchunks)
+
+    def _finish_payload(self, req: MPI.Request, size: int) -> str | None:
+        """Wait for one posted payload piece of ``size`` bytes; an error text or None."""
+        try:
+            if not self._wait(req):
+                return f"payload did not arrive within {self.payload_timeout_s} s"
+        except MPI.Exception as e:
+            if e.Get_error_class() == MPI.ERR_TRUNCATE:
+                return "payload longer than its header says"
+            raise
+        got = self._status.Get_count(MPI.BYTE)
+        if got != size:
+            return f"payload chunk of {got} bytes, header says {size}"
+        return None
 
     def _wait(self, req: MPI.Request) -> bool:
         """Wait for a payload request already in flight: spin (no sleep, not even a yield)
@@ -199,17 +245,9 @@ class MPITransport(Transport):
         else:
             pieces = [raw[i : i + self.chunk_bytes] for i in range(0, raw.size, self.chunk_bytes)]
         for piece in pieces:
-            try:
-                req = self.comm.Irecv([piece, MPI.BYTE], src, tag)
-                if not self._wait(req):
-                    return f"payload did not arrive within {self.payload_timeout_s} s"
-            except MPI.Exception as e:
-                if e.Get_error_class() == MPI.ERR_TRUNCATE:
-                    return "payload longer than its header says"
-                raise
-            got = self._status.Get_count(MPI.BYTE)
-            if got != piece.size:
-                return f"payload chunk of {got} bytes, header says {piece.size}"
+            err = self._finish_payload(self.comm.Irecv([piece, MPI.BYTE], src, tag), piece.size)
+            if err:
+                return err
         return None
 
     def _drain(self, src: int, seq: int, nchunks: int) -> None:

@@ -72,6 +72,7 @@ NUMPY_OF = {
     DType.FLOAT16: np.dtype("<f2"),
 }
 CODE_OF = {v: k for k, v in NUMPY_OF.items()}
+_CODE_OF_CHAR = {v.str: int(k) for k, v in NUMPY_OF.items()}
 
 
 class WireError(ValueError):
@@ -154,22 +155,39 @@ def encode_header(
 
     ``chunk_bytes`` is the largest payload piece sent as one MPI message (bytes).
     """
+    return np.frombuffer(
+        pack_header(kind, device, seq, round_, vtime, payload, aux, chunk_bytes), np.uint8
+    )
+
+
+def pack_header(
+    kind: int,
+    device: int,
+    seq: int,
+    round_: int,
+    vtime: float,
+    payload: np.ndarray | None,
+    aux: tuple[float, ...] = (),
+    chunk_bytes: int = 1 << 30,
+) -> bytearray:
+    """:func:`encode_header` as a ``bytearray`` (the transports' fast path)."""
     code = nbytes = nchunks = 0
     if payload is not None:
-        c = CODE_OF.get(payload.dtype)
+        c = _CODE_OF_CHAR.get(payload.dtype.str)
         if c is None:
             raise WireError(f"unsupported payload dtype {payload.dtype}")
-        code = int(c)
+        code = c
         nbytes = payload.nbytes
-        nchunks = num_chunks(nbytes, chunk_bytes)
+        nchunks = -(-nbytes // chunk_bytes)
         if nchunks > 0xFFFF:
             raise WireError(f"{nbytes} bytes need {nchunks} chunks of {chunk_bytes}; max 65535")
-    a = _NO_AUX if not aux else (*(float(x) for x in aux), 0.0, 0.0, 0.0, 0.0)[:4]
+    if len(aux) != 4:
+        aux = (*aux, 0.0, 0.0, 0.0, 0.0)[:4]
     buf = bytearray(HEADER_BYTES)
     _STRUCT.pack_into(
-        buf, 0, MAGIC, VERSION, kind, device, code, 0, nchunks, seq, round_, vtime, nbytes, *a
+        buf, 0, MAGIC, VERSION, kind, device, code, 0, nchunks, seq, round_, vtime, nbytes, *aux
     )
-    return np.frombuffer(buf, np.uint8)
+    return buf
 
 
 _NO_AUX = (0.0, 0.0, 0.0, 0.0)
@@ -178,6 +196,16 @@ _NO_AUX = (0.0, 0.0, 0.0, 0.0)
 def num_chunks(nbytes: int, chunk_bytes: int) -> int:
     """How many payload messages carry ``nbytes`` bytes at ``chunk_bytes`` each."""
     return 0 if nbytes == 0 else -(-nbytes // chunk_bytes)
+
+
+# dtype code, nchunks, seq and payload bytes, read before the full decode (see mpi.py)
+_PEEK = struct.Struct("<BxHQ16xQ")
+_PEEK_OFFSET = 12
+
+
+def peek_payload(buf: np.ndarray) -> tuple[int, int, int, int]:
+    """(dtype code, nchunks, seq, payload bytes) of a raw header, unchecked."""
+    return _PEEK.unpack_from(buf, _PEEK_OFFSET)
 
 
 def decode_header(buf: np.ndarray | bytes, nbytes: int | None = None) -> Header:
