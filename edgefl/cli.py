@@ -115,6 +115,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .runtime.rundir import prepare_run_dir, resolve_run_dir
 
     cfg = load_config(args.config, _overrides(args))
+    if cfg["sim"]["clock"] == "auto":
+        cfg["sim"]["clock"] = "virtual"
     ranks = cfg["fleet"]["ranks"]
     if ranks - 1 > cfg["fleet"]["devices"]:
         ranks = cfg["fleet"]["devices"] + 1  # no idle worker ranks

@@ -53,6 +53,19 @@ SCHEMA: dict[str, Any] = {
         "eval_every": _f(
             1, "int", "Evaluate the global model on the test set every N rounds.", min=1
         ),
+        "max_virtual_s": _f(
+            0.0,
+            "float",
+            "Stop once the clock passes this many seconds (virtual under simulate; 0 = no limit).",
+            min=0.0,
+        ),
+        "eval_every_s": _f(
+            0.0,
+            "float",
+            "Also evaluate at the first model version after every multiple of this many "
+            "clock seconds (0 = only eval_every).",
+            min=0.0,
+        ),
         "checkpoint_every": _f(
             5, "int", "Write a checkpoint every N rounds (0 = only at the end).", min=0
         ),
@@ -122,10 +135,21 @@ SCHEMA: dict[str, Any] = {
             min=0.0,
             exclusive_min=True,
         ),
+        "min_devices": _f(
+            1, "int", "Fewest devices a BSP round starts with (waits for more otherwise).", min=1
+        ),
+        "deadline_s": _f(
+            0.0,
+            "float",
+            "BSP round deadline in clock seconds; devices still training then are dropped "
+            "from the round (0 = wait for all).",
+            min=0.0,
+        ),
         "participation": _f(
             1.0,
             "float",
-            "Fraction of devices sampled each round.",
+            "Fraction of devices sampled each BSP round; for fedbuff/fedasync the fraction "
+            "training at once.",
             min=0.0,
             max=1.0,
             exclusive_min=True,
@@ -133,13 +157,64 @@ SCHEMA: dict[str, Any] = {
     },
     "algorithm": {
         "consistency": _f(
-            "bsp", "str", "Consistency model (bsp: every round waits for all).", choices=("bsp",)
+            "bsp",
+            "str",
+            "Consistency model: bsp (rounds), ssp (bounded staleness), asp (no bound), "
+            "fedbuff (buffered async), fedasync (async mixing); see docs/simulation.md.",
+            choices=("bsp", "ssp", "asp", "fedbuff", "fedasync"),
         ),
+        "staleness": _f(
+            4, "int", "SSP bound s: no device more than s updates ahead of the slowest.", min=0
+        ),
+        "buffer_k": _f(4, "int", "FedBuff: apply the mean of every K arrivals.", min=1),
+        "fedasync_alpha": _f(
+            0.6,
+            "float",
+            "FedAsync base mixing weight alpha.",
+            min=0.0,
+            max=1.0,
+            exclusive_min=True,
+        ),
+        "fedasync_fn": _f(
+            "polynomial",
+            "str",
+            "FedAsync staleness function s(t): constant, polynomial (1+t)^-a, hinge.",
+            choices=("constant", "polynomial", "hinge"),
+        ),
+        "fedasync_a": _f(
+            0.5, "float", "FedAsync exponent (polynomial) or slope (hinge) a.", min=0.0
+        ),
+        "fedasync_b": _f(4, "int", "FedAsync hinge: staleness served at full weight.", min=0),
         "aggregation": _f(
             "sample-weighted",
             "str",
             "How deltas are combined: sample-weighted (FedAvg) or mean.",
             choices=("sample-weighted", "mean"),
+        ),
+    },
+    "sim": {
+        "clock": _f(
+            "auto",
+            "str",
+            "virtual (times from device profiles; deterministic), wall (real time), or auto "
+            "(virtual under `edgefl simulate`, wall under `edgefl run`).",
+            choices=("auto", "virtual", "wall"),
+        ),
+        "profiles": _f(
+            "uniform",
+            "str",
+            "Device profiles: uniform, edge-mix, hermes-12, or a .toml / .csv file "
+            "(docs/device-profiles.md).",
+        ),
+        "reference_s_per_sample": _f(
+            1e-4,
+            "float",
+            "Compute cost of the reference device (speed 1.0) in seconds per training "
+            "sample; 0 = measure this machine once at start (recorded in the run's config).",
+            min=0.0,
+        ),
+        "event_log": _f(
+            True, "bool", "Write events.jsonl (every event the coordinator processed)."
         ),
     },
     "comm": {
@@ -186,6 +261,13 @@ SCHEMA: dict[str, Any] = {
             "Test hooks: rank 1 sends these forged messages before its first update "
             "(bad-kind, bad-length, bad-dtype, duplicate, foreign-device).",
             choices=("bad-kind", "bad-length", "bad-dtype", "duplicate", "foreign-device"),
+        ),
+        "delay_s": _f(
+            0.0,
+            "float",
+            "Test hook: workers sleep a random real time up to this before each task "
+            "(results must not change under the virtual clock).",
+            min=0.0,
         ),
         "stop_after_round": _f(
             0,

@@ -11,22 +11,31 @@ import numpy as np
 import torch
 
 from ..ckpt import checkpoint_name, save_checkpoint
-from ..comm import Kind, Message, Transport
+from ..comm import Kind, Transport
 from ..comm.wire import HEADER_BYTES
 from ..config import config_from_toml
 from ..errors import CheckpointError, EdgeflError
 from ..models.train import evaluate
 from ..policies.aggregation import Update, make_aggregator
-from ..seeding import SAMPLE, derive_seed
+from ..policies.consistency import Apply, Arrival, Decision, make_consistency
+from ..sim.clock import plan_task
+from ..sim.timeline import Timeline
+from .events import (
+    ARRIVE,
+    LOST,
+    ONLINE,
+    TIMER,
+    Event,
+    VirtualEvents,
+    WallEvents,
+    WorkerFailed,
+    error_text,
+)
 from .output import MetricsLog, Progress, summary_table
 from .placement import devices_of_rank
 from .state import RESUME_MUST_MATCH, Task, checkpoint_state
 
 log = logging.getLogger("edgefl.coordinator")
-
-
-class WorkerFailed(EdgeflError):
-    """A worker reported a fatal error (its text is the message)."""
 
 
 class Coordinator:
@@ -62,6 +71,7 @@ class Coordinator:
         self.devices: dict[int, dict] = {}
         self.start_round = 0
         self.wall_offset = 0.0
+        self.start_time = 0.0  # clock seconds at the start (non-zero when resuming)
         self.history: list[dict] = []
         self.stopped = ""
 
@@ -80,7 +90,7 @@ class Coordinator:
                 )
             for msg in self.t.poll(timeout=0.5):
                 if msg.kind == Kind.ERROR:
-                    raise WorkerFailed(_error_text(msg))
+                    raise WorkerFailed(error_text(msg))
                 if msg.kind != Kind.REGISTER:
                     log.warning(
                         "ignoring %s from rank %d during registration", msg.kind.name, msg.src
@@ -129,156 +139,342 @@ class Coordinator:
         self.global_model[:] = st["model"]["flat"]
         self.start_round = int(st["round"])
         self.wall_offset = float(st["wall_time_s"])
+        self.start_time = float(st.get("clock", {}).get("time_s", 0.0))
         self.history = [json.loads(x) for x in st["metrics_jsonl"]]
         for d, v in st["devices"].items():
             if int(d) in self.devices:
                 for k in ("rounds", "bytes_up", "bytes_down", "msgs_up", "msgs_down", "time_s"):
                     self.devices[int(d)][k] = v.get(k, 0)
 
-    # -- the rounds -------------------------------------------------------------------------
-    def sample(self, round_: int) -> list[int]:
-        """Devices participating in ``round_`` (deterministic in seed and round)."""
-        frac = self.cfg["server"]["participation"]
-        if frac >= 1.0:
-            return list(range(self.num_devices))
-        k = max(1, int(round(frac * self.num_devices)))
-        rng = np.random.default_rng(derive_seed(self.cfg["seed"], -1, round_, SAMPLE))
-        return sorted(int(d) for d in rng.choice(self.num_devices, size=k, replace=False))
+    # -- the event loop ----------------------------------------------------------------
+    def _setup_run(self) -> None:
+        cfg = self.cfg
+        self.virtual = cfg["sim"]["clock"] == "virtual"
+        samples = {d: v["samples"] for d, v in sorted(self.devices.items())}
+        self.policy = make_consistency(cfg, samples)
+        self.profiles = None
+        if self.virtual:
+            from ..sim.profiles import load_fleet
 
-    def broadcast(self, round_: int, part: list[int]) -> dict[int, int]:
-        """Send the global model once per rank, then a TRAIN per participating device."""
-        by_rank: dict[int, list[int]] = {}
-        for d in part:
-            by_rank.setdefault(self.devices[d]["rank"], []).append(d)
-        down = {}
-        for rank, devs in sorted(by_rank.items()):
-            self.t.send(rank, Kind.MODEL, round=round_, payload=self.global_model)
-            for d in devs:
-                self.t.send(rank, Kind.TRAIN, device=d, round=round_)
-                down[d] = 2 * HEADER_BYTES + self.global_model.nbytes
-        return down
+            self.profiles = load_fleet(cfg["sim"]["profiles"], self.num_devices, cfg["seed"])
+        self.ref_s = cfg["sim"]["reference_s_per_sample"] or 1e-4
+        self.timeline = Timeline()
+        self.inflight: dict[int, tuple[int, int, float]] = {}  # device -> (task, version, t0)
+        self.tasks = {d: 0 for d in self.devices}
+        self.rank_version: dict[int, int] = {}
+        self.online_pending: set[int] = set()
+        self.bases: dict[int, np.ndarray] = {}  # version -> model (FedAsync only)
+        self.base_refs: dict[int, int] = {}
+        self.staleness: dict[int, int] = {}
+        self.version = 0
+        self.lost_tasks = 0
+        self.events_log = None
+        self.failed: dict[int, float] = {}
 
-    def collect(self, round_: int, part: list[int]) -> list[tuple[Update, Message]]:
-        """Receive one UPDATE per participating device (BSP)."""
-        pending = set(part)
-        got: list[tuple[Update, Message]] = []
-        # (sorted by device at the end, so sums and logs never depend on arrival order)
-        while pending:
-            for msg in self.t.poll(timeout=1.0):
-                if msg.kind == Kind.ERROR:
-                    raise WorkerFailed(_error_text(msg))
-                if msg.kind != Kind.UPDATE:
-                    log.warning("ignoring %s from rank %d", msg.kind.name, msg.src)
-                    continue
-                if msg.round != round_ or msg.device not in pending:
-                    log.warning(
-                        "ignoring update of device %d for round %d (now round %d)",
-                        msg.device,
-                        msg.round,
-                        round_,
-                    )
-                    self.t.release(msg)
-                    continue
-                pending.discard(msg.device)
-                if not np.isfinite(msg.payload).all():
-                    self.t.reject(msg.src, f"non-finite update from device {msg.device}")
-                    self.t.release(msg)
-                    continue
-                samples, loss, seconds = int(msg.aux[0]), float(msg.aux[1]), float(msg.aux[2])
-                got.append((Update(msg.device, msg.payload, samples, loss, round_), msg))
-                dev = self.devices[msg.device]
-                dev["time_s"] += seconds
-                dev["last_time_s"] = seconds
-        return sorted(got, key=lambda g: g[0].device)
+    def _work(self, d: int) -> int:
+        """Training samples one task of device ``d`` processes."""
+        c = self.cfg["train"]
+        n = self.devices[d]["samples"]
+        if c["local_steps"]:
+            return c["local_steps"] * (c["batch_size"] or n)
+        return c["local_epochs"] * n
+
+    def _available(self, d: int) -> bool:
+        if d in self.inflight or d in self.failed:
+            return False
+        if not self.virtual:
+            return True
+        now = self.ev.now
+        prof = self.profiles[d]
+        crash = prof.failure.crash_time(self.cfg["seed"], d)
+        if crash <= now:
+            if d not in self.failed:
+                self.failed[d] = crash
+            return False
+        if prof.availability.is_online(now, self.cfg["seed"], d):
+            return True
+        if d not in self.online_pending:
+            back = prof.availability.next_online(now, self.cfg["seed"], d)
+            if back < crash and back < float("inf"):
+                self.online_pending.add(d)
+                self.ev.schedule(back, ONLINE, d)
+        return False
+
+    def _dispatch(self, d: int, now: float) -> None:
+        task = self.tasks[d]
+        self.tasks[d] += 1
+        model_bytes = self.global_model.nbytes
+        down, up = 2 * HEADER_BYTES + model_bytes, HEADER_BYTES + model_bytes
+        dev = self.devices[d]
+        dev["bytes_down"] += down
+        dev["msgs_down"] += 2
+        self._period["bytes_down"] += down
+        self._period["msgs_down"] += 2
+        self.inflight[d] = (task, self.version, now)
+        if self.policy.name == "fedasync":
+            self.bases.setdefault(self.version, self.global_model.copy())
+            self.base_refs[self.version] = self.base_refs.get(self.version, 0) + 1
+        if self.virtual:
+            plan = plan_task(
+                self.profiles[d], self.cfg["seed"], d, task, now, down, up, self._work(d),
+                self.ref_s,
+            )  # fmt: skip
+            for state, a, b in plan.intervals():
+                self.timeline.add(d, state, a, b)
+            self._log("dispatch", now, d, task)
+            if plan.lost:
+                self.ev.schedule(plan.lost_at, LOST, d, task)
+                return
+            self.ev.schedule(plan.arrive, ARRIVE, d, task)
+        else:
+            self.ev.schedule(0.0, ARRIVE, d, task)
+        rank = dev["rank"]
+        if self.rank_version.get(rank) != self.version:
+            self.t.send(rank, Kind.MODEL, round=self.version, payload=self.global_model)
+            self.rank_version[rank] = self.version
+        self.t.send(rank, Kind.TRAIN, device=d, round=task, vtime=now, aux=(self.version,))
+
+    def _task_done(self, d: int) -> tuple[int, int, float]:
+        task, base, t0 = self.inflight.pop(d)
+        if base in self.base_refs:
+            self.base_refs[base] -= 1
+        return task, base, t0
+
+    def _execute(self, dec: Decision, now: float) -> None:
+        if dec.apply is not None:
+            self._apply(dec.apply, now)
+        if dec.timer is not None:
+            self.ev.schedule(dec.timer[0], TIMER, token=dec.timer[1])
+        for d in dec.dropped:
+            self._log("dropped", now, d, self.inflight.get(d, (-1,))[0])
+        if self.version >= self.cfg["run"]["rounds"] or self.stopped:
+            return  # the run is over: start nothing new
+        if dec.dispatch:
+            self.t.wait_sends()  # the global buffer may have changed since the last sends
+        for d in dec.dispatch:
+            self._dispatch(d, now)
+
+    def _apply(self, ap: Apply, now: float) -> None:
+        self.t.wait_sends()  # sends of the global buffer must finish before it changes
+        lr = np.float32(self.cfg["server"]["lr"])
+        arr = ap.arrivals
+        if ap.mode == "aggregate":
+            ups = [Update(a.device, a.delta, a.samples, a.loss, self.version) for a in arr]
+            agg = self.aggregator.aggregate(ups, out=self.agg_buf)
+            self.global_model += lr * agg
+        elif ap.mode == "terms":
+            acc = np.zeros(self.global_model.size, np.float64)
+            for a, c in zip(arr, ap.coefs):
+                acc += c * a.delta
+            self.global_model += lr * acc.astype(np.float32)
+        else:  # mix
+            a, alpha = arr[0], np.float32(ap.coefs[0])
+            base = self.bases[a.base_version]
+            self.global_model *= np.float32(1.0) - alpha
+            self.global_model += alpha * (base + a.delta)
+        self.version += 1
+        for a in arr:
+            st = self.version - 1 - a.base_version
+            self.staleness[st] = self.staleness.get(st, 0) + 1
+        self._gc_bases()
+        for a in arr:
+            self.t.release(a.msg)  # type: ignore[attr-defined]
+        self._log("apply", now, -1, -1, updates=len(arr))
+        self._row(arr, now)
+
+    def _gc_bases(self) -> None:
+        for v in [v for v, n in self.base_refs.items() if n <= 0 and v != self.version]:
+            self.bases.pop(v, None)
+            del self.base_refs[v]
+
+    def _log(self, event: str, now: float, device: int, task: int, **extra) -> None:
+        if self.events_log is not None:
+            rec = {"t": now, "event": event, "device": device, "task": task, "v": self.version}
+            rec.update(extra)
+            self.events_log.write(json.dumps(rec) + "\n")
+
+    def _row(self, arr: list[Arrival], now: float) -> None:
+        cfg = self.cfg
+        r = self.version
+        row: dict = {"round": r, "time_s": now, "participants": len(arr), "updates": len(arr)}
+        n = sum(a.samples for a in arr)
+        row["train_loss"] = float(sum(a.loss * a.samples for a in arr) / max(n, 1))
+        row["staleness"] = float(np.mean([r - 1 - a.base_version for a in arr]))
+        every_s = cfg["run"]["eval_every_s"]
+        bucket = int(now // every_s) if every_s > 0 else 0
+        if (
+            r % cfg["run"]["eval_every"] == 0
+            or r >= cfg["run"]["rounds"]
+            or (every_s > 0 and bucket > self._eval_bucket)
+        ):
+            self._eval_bucket = bucket
+            with torch.no_grad():
+                loss, acc = evaluate(self.task.model, self._test, self.task.data.info.task)
+            row["test_loss"], row["test_accuracy"] = loss, acc
+        per_dev = {}
+        for a in arr:
+            up = HEADER_BYTES + a.delta.nbytes
+            per_dev[str(a.device)] = {"bytes_up": up, "msgs_up": 1, "time_s": a.seconds}
+        row.update(self._period)
+        self._period = _new_period()
+        row["wall_time_s"] = time.monotonic() - self._t0
+        row["devices"] = per_dev
+        self.metrics.append(row)
+        self.progress.update(row)
+        target = cfg["run"]["target_accuracy"]
+        stop_at = cfg["debug"]["stop_after_round"]
+        if target > 0 and row.get("test_accuracy", 0.0) >= target:
+            self.stopped = f"target accuracy {target} reached at round {r}"
+        elif stop_at and r == stop_at and r < cfg["run"]["rounds"]:
+            self.stopped = f"debug.stop_after_round = {stop_at}"
+        every = cfg["run"]["checkpoint_every"]
+        final = r >= cfg["run"]["rounds"] or bool(self.stopped)
+        if self.out_dir is not None and ((every and r % every == 0) or final):
+            self.checkpoint(r, self.metrics.rows, row["wall_time_s"], now)
+
+    def _arrival(self, ev: Event) -> Arrival | None:
+        """Check an arrived update; None (and counted as lost) if it must be rejected."""
+        msg = ev.msg
+        task, base, _t0 = self._task_done(ev.device)
+        if not np.isfinite(msg.payload).all():
+            self.t.reject(msg.src, f"non-finite update from device {msg.device}")
+            self.t.release(msg)
+            return None
+        dev = self.devices[ev.device]
+        up = HEADER_BYTES + msg.nbytes
+        dev["bytes_up"] += up
+        dev["msgs_up"] += 1
+        dev["rounds"] += 1
+        seconds = float(msg.aux[2])
+        if self.virtual:
+            plan_s = ev.time - _t0
+            seconds = plan_s
+        dev["time_s"] += seconds
+        self._period["bytes_up"] += up
+        self._period["msgs_up"] += 1
+        a = Arrival(ev.device, task, base, int(msg.aux[0]), float(msg.aux[1]), msg.payload, ev.time)
+        a.seconds = seconds  # type: ignore[attr-defined]
+        a.msg = msg  # type: ignore[attr-defined]
+        return a
 
     def run(self) -> int:
-        """The round loop; returns the exit status (0 = completed)."""
+        """The event loop; returns the exit status (0 = completed)."""
         cfg = self.cfg
-        rounds = cfg["run"]["rounds"]
+        self._setup_run()
         out = self.out_dir
-        metrics = MetricsLog(out / "metrics.jsonl" if out else None, self.history)
-        progress = Progress(cfg["output"]["progress"], rounds)
-        model, test = self.task.model, self.task.data.test()
-        task_kind = self.task.data.info.task
-        t0 = time.monotonic() - self.wall_offset
-        r = self.start_round
-        last_eval: tuple[float, float] | None = None
-        while r < rounds:
-            r += 1
-            part = self.sample(r)
-            down = self.broadcast(r, part)
-            got = self.collect(r, part)
-            self.t.wait_sends()  # the global buffer is about to change
-            row: dict = {"round": r, "participants": len(part), "updates": len(got)}
-            if got:
-                agg = self.aggregator.aggregate([u for u, _ in got], out=self.agg_buf)
-                self.global_model += np.float32(cfg["server"]["lr"]) * agg
-                n = sum(u.samples for u, _ in got)
-                row["train_loss"] = float(sum(u.loss * u.samples for u, _ in got) / max(n, 1))
-            per_dev = {}
-            for d in part:
-                dev = self.devices[d]
-                dev["bytes_down"] += down[d]
-                dev["msgs_down"] += 2
-            for u, msg in got:
-                dev = self.devices[u.device]
-                up = HEADER_BYTES + msg.nbytes
-                dev["bytes_up"] += up
-                dev["msgs_up"] += 1
-                dev["rounds"] += 1
-                per_dev[str(u.device)] = {
-                    "bytes_up": up,
-                    "bytes_down": down[u.device],
-                    "msgs_up": 1,
-                    "msgs_down": 2,
-                    "time_s": dev.get("last_time_s", 0.0),
-                }
-                self.t.release(msg)
-            if r % cfg["run"]["eval_every"] == 0 or r == rounds:
-                with torch.no_grad():
-                    last_eval = evaluate(model, test, task_kind)
-                row["test_loss"], row["test_accuracy"] = last_eval
-            row["bytes_up"] = sum(v["bytes_up"] for v in per_dev.values())
-            row["bytes_down"] = sum(down.values())
-            row["msgs_up"] = len(got)
-            row["msgs_down"] = 2 * len(part)
-            row["wall_time_s"] = time.monotonic() - t0
-            row["devices"] = per_dev
-            metrics.append(row)
-            progress.update(row)
-            target = cfg["run"]["target_accuracy"]
-            reached = target > 0 and row.get("test_accuracy", 0.0) >= target
-            every = cfg["run"]["checkpoint_every"]
-            stop_at = cfg["debug"]["stop_after_round"]
-            if reached:
-                self.stopped = f"target accuracy {target} reached at round {r}"
-            elif stop_at and r == stop_at and r < rounds:
-                self.stopped = f"debug.stop_after_round = {stop_at}"
-            final = r == rounds or bool(self.stopped)
-            if out is not None and ((every and r % every == 0) or final):
-                self.checkpoint(r, metrics.rows, row["wall_time_s"])
-            if self.stopped:
-                break
-        if progress.mode == "bar" and self.stopped:
-            progress.close()
-        wall = time.monotonic() - t0
-        self.finish(metrics.rows, r, wall)
+        rounds = cfg["run"]["rounds"]
+        self.metrics = MetricsLog(out / "metrics.jsonl" if out else None, self.history)
+        self.progress = Progress(cfg["output"]["progress"], rounds)
+        self._test = self.task.data.test()
+        self._t0 = time.monotonic() - self.wall_offset
+        self._period = _new_period()
+        self._eval_bucket = 0
+        self.version = self.start_round
+        if self.resume is not None:
+            self._restore_clock(self.resume)
+        start = self.start_time
+        self.ev = VirtualEvents(self.t, start) if self.virtual else WallEvents(self.t, start)
+        if out is not None and cfg["sim"]["event_log"]:
+            mode = "a" if self.resume is not None else "w"
+            self.events_log = open(out / "events.jsonl", mode, encoding="utf-8")  # noqa: SIM115
+        try:
+            self._loop(rounds)
+        finally:
+            if self.events_log is not None:
+                self.events_log.close()
+            self.ev.release_all()
+        if self.progress.mode == "bar" and self.stopped:
+            self.progress.close()
+        end = self.ev.now
+        self.timeline.finish(sorted(self.devices), end, self.profiles, cfg["seed"])
+        if out is not None:
+            self.timeline.write_csv(out / "timeline.csv")
+        self.finish(self.metrics.rows, self.version, time.monotonic() - self._t0, end)
         return 0
 
-    def checkpoint(self, round_: int, rows: list[dict], wall: float) -> Path:
+    def _loop(self, rounds: int) -> None:
+        max_t = self.cfg["run"]["max_virtual_s"]
+        self._execute(self.policy.start(self.ev.now, self._available), self.ev.now)
+        while self.version < rounds and not self.stopped:
+            ev = self.ev.next()
+            if ev is None:
+                self.stopped = "no device can make progress (all offline, dead or idle)"
+                break
+            now = ev.time
+            if max_t and now > max_t:
+                self.stopped = f"run.max_virtual_s = {max_t} reached"
+                break
+            if ev.kind == ARRIVE:
+                a = self._arrival(ev)
+                self._log("arrive", now, ev.device, ev.task)
+                if a is None:
+                    self.lost_tasks += 1
+                    dec = self.policy.lost(ev.device, now, self._available)
+                else:
+                    dec = self.policy.arrived(a, self.version, now, self._available)
+                    used = dec.apply is not None and any(x is a for x in dec.apply.arrivals)
+                    if not used and not self._buffered(a):
+                        self.t.release(a.msg)  # type: ignore[attr-defined]
+            elif ev.kind == LOST:
+                self._task_done(ev.device)
+                self.lost_tasks += 1
+                self._log("lost", now, ev.device, ev.task)
+                dec = self.policy.lost(ev.device, now, self._available)
+            elif ev.kind == TIMER:
+                self._log("timer", now, -1, -1, token=ev.token)
+                dec = self.policy.timer(ev.token, now, self._available)
+            else:
+                self.online_pending.discard(ev.device)
+                self._log("online", now, ev.device, -1)
+                dec = self.policy.online(ev.device, now, self._available)
+            self._execute(dec, now)
+
+    def _buffered(self, a: Arrival) -> bool:
+        """Does the policy still hold ``a`` (BSP round or FedBuff buffer)?"""
+        buf = getattr(self.policy, "buffer", [])
+        return any((x[0] if isinstance(x, tuple) else x) is a for x in buf)
+
+    def checkpoint(self, round_: int, rows: list[dict], wall: float, now: float) -> Path:
         path = self.out_dir / "checkpoints" / checkpoint_name(round_)
         path.parent.mkdir(parents=True, exist_ok=True)
         state = checkpoint_state(
             self.cfg, round_, self.task.flat, self.global_model, self.devices, rows, wall
         )
+        state["clock"] = {
+            "mode": "virtual" if self.virtual else "wall",
+            "time_s": float(now),
+            "policy": json.dumps(self.policy.state_dict()),
+            "tasks": json.dumps({str(d): n for d, n in self.tasks.items()}),
+            "staleness": json.dumps({str(k): v for k, v in self.staleness.items()}),
+        }
         save_checkpoint(path, state)
         return path
 
-    def finish(self, rows: list[dict], rounds_done: int, wall: float) -> None:
+    def _restore_clock(self, st: dict) -> None:
+        """Policy state and task counters of a resumed run (in-flight tasks restart)."""
+        c = st.get("clock")
+        if not c:
+            return
+        self.policy.load_state_dict(json.loads(c["policy"]))
+        for d, n in json.loads(c["tasks"]).items():
+            if int(d) in self.tasks:
+                self.tasks[int(d)] = int(n)
+        self.staleness = {int(k): int(v) for k, v in json.loads(c["staleness"]).items()}
+
+    def finish(self, rows: list[dict], rounds_done: int, wall: float, end: float = 0.0) -> None:
         stats = self.t.stats
+        for d, frac in self.timeline.idle.items():
+            self.devices[d]["idle_fraction"] = frac
         info = {
             "rounds_done": rounds_done,
             "workers": len(self.workers),
+            "clock": "virtual" if self.virtual else "wall",
+            "time_s": end,
+            "idle_fraction": self.timeline.idle_fraction(),
+            "consistency": self.policy.name,
+            "lost_tasks": self.lost_tasks,
+            "failed_devices": {str(d): t for d, t in sorted(self.failed.items())},
+            "staleness_hist": {str(k): v for k, v in sorted(self.staleness.items())},
             "wall_time_s": wall,
             "stopped": self.stopped,
             "rejected": sum(stats.rejected.values()),
@@ -316,9 +512,8 @@ class Coordinator:
         self.t.wait_sends()
 
 
-def _error_text(msg: Message) -> str:
-    text = bytes(msg.payload).decode("utf-8", "replace") if msg.payload is not None else "?"
-    return f"rank {msg.src}: {text}"
+def _new_period() -> dict:
+    return {"bytes_up": 0, "bytes_down": 0, "msgs_up": 0, "msgs_down": 0}
 
 
 def _sha256(arr: np.ndarray) -> str:

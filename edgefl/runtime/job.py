@@ -48,6 +48,8 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
     from .worker import Worker, error_payload
 
     torch.set_num_threads(cfg["fleet"]["threads"])
+    if cfg["sim"]["clock"] == "auto":  # `edgefl simulate` writes "virtual" into the config
+        cfg["sim"]["clock"] = "wall"
     t = _transport(cfg, _rank())
     status = 2
     try:
@@ -88,7 +90,10 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                     text = f"{where}: {type(e).__name__}: {e}"
                 t.send(0, Kind.ERROR, payload=error_payload(text))
                 t.wait_sends()
-                return _await_stop(t)
+                status = _await_stop(t)
+                t.send(0, Kind.HEARTBEAT)
+                t.wait_sends()
+                return status
     finally:
         t.close()
     return status
@@ -110,10 +115,21 @@ def _rank() -> int:
     return MPI.COMM_WORLD.Get_rank()
 
 
-def _stop_all(t, status: int) -> None:
+def _stop_all(t, status: int, timeout: float = 60.0) -> None:
+    """Send STOP to every worker, then receive (and drop) whatever they still send until
+    each acknowledged, so no worker is left blocked on an unmatched send."""
     for w in range(1, t.size):
         t.send(w, Kind.STOP, aux=(float(status),))
     t.wait_sends()
+    waiting = set(range(1, t.size))
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        for msg in t.poll(timeout=0.5):
+            if msg.kind in (Kind.HEARTBEAT, Kind.ERROR):
+                waiting.discard(msg.src)
+            t.release(msg)
+    if waiting:
+        log.warning("ranks %s did not acknowledge STOP within %.0f s", sorted(waiting), timeout)
 
 
 def _await_stop(t, timeout: float = 120.0) -> int:

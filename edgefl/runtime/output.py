@@ -49,9 +49,11 @@ class Progress:
         else:
             train = row.get("train_loss")
             train_s = f"{train:.4f}" if train is not None else "-"
+            vt = row.get("time_s")
+            vt_s = f"  clock {vt:10.3f}s" if vt is not None else ""
             self.stream.write(
                 f"round {r:4d}/{self.rounds}  test_acc {acc_s}  test_loss {loss_s}  "
-                f"train_loss {train_s}  {elapsed:8.2f}s\n"
+                f"train_loss {train_s}{vt_s}  wall {elapsed:7.2f}s\n"
             )
         self.stream.flush()
 

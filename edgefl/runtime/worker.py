@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import socket
 import time
+from collections import deque
 
 import numpy as np
 import torch
@@ -52,8 +54,11 @@ class Worker:
             for d in self.devices
         }
         self.models: dict[str, tuple[torch.nn.Module, FlatParams]] = {}
-        self.global_model = np.zeros(task.flat.numel, np.float32)
-        self.global_round = -1
+        self.global_model = np.zeros(task.flat.numel, np.float32)  # shape/dtype template
+        self.versions: dict[int, np.ndarray] = {}  # model version -> parameters
+        self.queue: deque[tuple[int, int, int]] = deque()  # (device, task, version)
+        self.delay_s = cfg["debug"]["delay_s"]
+        self._delay_rng = random.SystemRandom()  # deliberately unseeded (a test hook)
         self._free: list[np.ndarray] = []
         self._inject = list(cfg["debug"]["inject"]) if self.rank == 1 else []
         self._inject_done: set[str] = set()
@@ -129,36 +134,61 @@ class Worker:
             )
 
     def run(self) -> int:
-        """Serve the coordinator until STOP; returns the exit status it asks for."""
+        """Serve the coordinator until STOP; returns the exit status it asks for.
+
+        MODEL messages are kept by version (a TRAIN names the version its task starts
+        from); TRAINs queue up and are trained one at a time, in the order they came.
+        """
         while True:
-            for msg in self.t.poll(timeout=5.0):
+            for msg in self.t.poll(timeout=0.0 if self.queue else 5.0):
                 if msg.kind == Kind.STOP:
+                    self.t.send(0, Kind.HEARTBEAT)  # acknowledges the STOP
                     self.t.wait_sends()
                     return int(msg.aux[0])
                 if msg.kind == Kind.MODEL:
-                    np.copyto(self.global_model, msg.payload)
-                    self.global_round = msg.round
+                    buf = self._free.pop() if self._free else np.empty_like(self.global_model)
+                    np.copyto(buf, msg.payload)
+                    self.versions[msg.round] = buf
                     self.t.release(msg)
                 elif msg.kind == Kind.TRAIN:
-                    if msg.round != self.global_round:
+                    version = int(msg.aux[0])
+                    if version not in self.versions:
                         log.warning(
-                            "rank %d: TRAIN for round %d but model is of round %d",
+                            "rank %d: TRAIN of device %d from model version %d, which never "
+                            "came; ignored",
                             self.rank,
-                            msg.round,
-                            self.global_round,
+                            msg.device,
+                            version,
                         )
-                    self.train(msg.device, msg.round)
+                        continue
+                    self.queue.append((msg.device, msg.round, version))
                 else:
                     log.warning("rank %d: ignoring %s", self.rank, msg.kind.name)
+            if self.queue:
+                device, task, version = self.queue.popleft()
+                self.train(device, task, version)
+                self._forget_versions()
 
-    def train(self, device: int, round_: int) -> None:
-        """Run the local epochs/steps of ``device`` from the global model and push its delta."""
-        self.doing = f"training device {device} in round {round_}"
+    def _forget_versions(self) -> None:
+        """Drop model versions no queued task needs (the newest one is kept)."""
+        if len(self.versions) <= 1:
+            return
+        keep = {v for _, _, v in self.queue}
+        keep.add(max(self.versions))
+        for v in [v for v in self.versions if v not in keep]:
+            self._free.append(self.versions.pop(v))
+
+    def train(self, device: int, task: int, version: int) -> None:
+        """Run one task of ``device`` from model ``version`` and push its delta."""
+        self.doing = f"training device {device} (task {task}, model version {version})"
+        if self.delay_s:
+            time.sleep(self._delay_rng.random() * self.delay_s)
         c = self.cfg["train"]
         dev = self.torch_dev[device]
         model, flat = self._model_on(dev)
-        flat.from_host(self.global_model)
-        gen = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, round_, TRAIN))
+        start = self.versions[version]
+        flat.from_host(start)
+        gen = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, task, TRAIN))
         t0 = time.perf_counter()
         loss, _ = local_train(
             model,
@@ -177,16 +207,16 @@ class Worker:
             torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - t0
         delta = self._free.pop() if self._free else np.empty_like(self.global_model)
-        np.subtract(flat.to_host(), self.global_model, out=delta)
+        np.subtract(flat.to_host(), start, out=delta)
         samples = self.data.num_samples(device)
-        aux = (float(samples), float(loss), seconds, float(round_))
+        aux = (float(samples), float(loss), seconds, float(version))
         if self._inject:
-            self._forge(device, round_, delta, aux)
+            self._forge(device, task, delta, aux)
         seq = self.t.send(
             0,
             Kind.UPDATE,
             device=device,
-            round=round_,
+            round=task,
             aux=aux,
             payload=delta,
             release=lambda: self._free.append(delta),
@@ -194,7 +224,7 @@ class Worker:
         if "duplicate" in self._inject_done:
             # re-deliver the same sequence number with garbage: it must be ignored
             junk = np.full_like(delta, 1e6)
-            self.t.send(0, Kind.UPDATE, device=device, round=round_, aux=aux, payload=junk, seq=seq)
+            self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux, payload=junk, seq=seq)
             self._inject_done.discard("duplicate")
 
     def _forge(self, device: int, round_: int, delta: np.ndarray, aux: tuple) -> None:

@@ -1,0 +1,169 @@
+"""Where the coordinator's events come from: the virtual clock or the wall clock.
+
+Both sources hand the coordinator one :class:`Event` at a time, in time order.
+
+- :class:`VirtualEvents` (``edgefl simulate``): every task is planned when it is dispatched
+  (:mod:`edgefl.sim.clock`), so the time of its arrival (or loss) is known then and goes
+  into a heap with the timers and online events. The coordinator takes the earliest event;
+  for an arrival it then waits (in real time) for that very update to come in, keeping any
+  other update that arrives first for later. No device can produce an earlier event than
+  the one taken, because every busy device's next event is already in the heap: this is
+  the conservative rule of DESIGN section 4, and why the event order, and so the model,
+  never depend on how fast the ranks really are.
+- :class:`WallEvents` (``edgefl run``): arrivals are processed as they come; timers fire
+  at their wall time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from dataclasses import dataclass
+
+from ..comm import Kind, Message, Transport
+from ..errors import EdgeflError
+
+log = logging.getLogger("edgefl.coordinator")
+
+# event kinds, in the order they are processed when their times are equal
+ARRIVE, LOST, TIMER, ONLINE = 0, 1, 2, 3
+KIND_NAMES = {ARRIVE: "arrive", LOST: "lost", TIMER: "timer", ONLINE: "online"}
+
+
+class WorkerFailed(EdgeflError):
+    """A worker reported a fatal error (its text is the message)."""
+
+
+@dataclass
+class Event:
+    """One thing that happened at ``time`` seconds (virtual or wall since the start).
+
+    ``device``/``task`` name the task for ARRIVE and LOST, the device for ONLINE; ``token``
+    is the timer's token; ``msg`` is the UPDATE message of an arrival.
+    """
+
+    time: float
+    kind: int
+    device: int = -1
+    task: int = -1
+    token: int = 0
+    msg: Message | None = None
+
+
+class _Source:
+    def __init__(self, transport: Transport) -> None:
+        self.t = transport
+        self.stash: dict[tuple[int, int], Message] = {}
+
+    def _take(self, timeout: float) -> None:
+        """Receive what is there into the stash (UPDATEs); raise on a worker's ERROR."""
+        for msg in self.t.poll(timeout=timeout):
+            if msg.kind == Kind.ERROR:
+                raise WorkerFailed(error_text(msg))
+            if msg.kind == Kind.UPDATE:
+                key = (msg.device, msg.round)
+                old = self.stash.get(key)
+                if old is not None:
+                    self.t.release(old)
+                self.stash[key] = msg
+            else:
+                log.warning("ignoring %s from rank %d", msg.kind.name, msg.src)
+                self.t.release(msg)
+
+    def release_all(self) -> None:
+        for msg in self.stash.values():
+            self.t.release(msg)
+        self.stash.clear()
+
+
+class VirtualEvents(_Source):
+    """Events in virtual-time order (see the module docstring)."""
+
+    def __init__(self, transport: Transport, start: float = 0.0) -> None:
+        super().__init__(transport)
+        self.heap: list[tuple[float, int, int, int, int, int]] = []
+        self.n = 0
+        self.now = start
+
+    def schedule(self, time_s: float, kind: int, device: int = -1, task: int = -1, token=0):
+        self.n += 1
+        heapq.heappush(self.heap, (time_s, kind, device, task, token, self.n))
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def next(self) -> Event | None:
+        """The earliest event (None when nothing is left to happen)."""
+        if not self.heap:
+            return None
+        time_s, kind, device, task, token, _ = heapq.heappop(self.heap)
+        self.now = time_s
+        ev = Event(time_s, kind, device, task, token)
+        if kind == ARRIVE:
+            key = (device, task)
+            while key not in self.stash:
+                self._take(timeout=1.0)
+            ev.msg = self.stash.pop(key)
+        return ev
+
+
+class WallEvents(_Source):
+    """Events in the order they happen in real time."""
+
+    def __init__(self, transport: Transport, offset: float = 0.0) -> None:
+        super().__init__(transport)
+        self.t0 = time.monotonic() - offset
+        self.timers: list[tuple[float, int, int, int, int, int]] = []
+        self.n = 0
+        self.expected: set[tuple[int, int]] = set()
+
+    @property
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def schedule(self, time_s: float, kind: int, device: int = -1, task: int = -1, token=0):
+        if kind == ARRIVE:
+            self.expected.add((device, task))
+            return
+        self.n += 1
+        heapq.heappush(self.timers, (time_s, kind, device, task, token, self.n))
+
+    def __len__(self) -> int:
+        return len(self.timers) + len(self.expected)
+
+    def next(self) -> Event | None:
+        while True:
+            for key in sorted(self.stash):
+                if key in self.expected:
+                    self.expected.discard(key)
+                    msg = self.stash.pop(key)
+                    return Event(self.now, ARRIVE, key[0], key[1], msg=msg)
+            if self.timers and self.timers[0][0] <= self.now:
+                time_s, kind, device, task, token, _ = heapq.heappop(self.timers)
+                return Event(self.now, kind, device, task, token)
+            if not self.expected and not self.timers:
+                return None
+            wait = 1.0
+            if self.timers:
+                wait = max(0.0, min(wait, self.timers[0][0] - self.now))
+            self._take(timeout=wait)
+
+
+def error_text(msg: Message) -> str:
+    text = bytes(msg.payload).decode("utf-8", "replace") if msg.payload is not None else "?"
+    return f"rank {msg.src}: {text}"
+
+
+__all__ = [
+    "ARRIVE",
+    "Event",
+    "KIND_NAMES",
+    "LOST",
+    "ONLINE",
+    "TIMER",
+    "VirtualEvents",
+    "WallEvents",
+    "WorkerFailed",
+    "error_text",
+]
