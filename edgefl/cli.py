@@ -106,6 +106,10 @@ def preflight(cfg: dict) -> None:
 
     task = build_task(cfg, "cpu")
     task.data.test()
+    if cfg["sim"]["clock"] == "virtual":
+        from .sim.profiles import load_fleet
+
+        load_fleet(cfg["sim"]["profiles"], cfg["fleet"]["devices"], cfg["seed"])
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -117,6 +121,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, _overrides(args))
     if cfg["sim"]["clock"] == "auto":
         cfg["sim"]["clock"] = "virtual"
+    prof = cfg["sim"]["profiles"]
+    if prof.endswith((".toml", ".csv")) and not Path(prof).is_absolute():
+        cfg["sim"]["profiles"] = str(Path(prof).resolve())  # the ranks read the run's copy
     ranks = cfg["fleet"]["ranks"]
     if ranks - 1 > cfg["fleet"]["devices"]:
         ranks = cfg["fleet"]["devices"] + 1  # no idle worker ranks

@@ -38,4 +38,4 @@ def test_bad_inputs():
     with pytest.raises(ValueError):
         SampleWeighted().aggregate([Update(0, np.zeros(3, np.float32), 0, 0.0)])
     with pytest.raises(ConfigError, match="algorithm.aggregation"):
-        make_aggregator("krum")
+        make_aggregator("bogus")

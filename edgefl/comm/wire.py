@@ -212,7 +212,10 @@ def decode_header(buf: np.ndarray | bytes, nbytes: int | None = None) -> Header:
     """Decode an 80-byte header; raises WireError on a wrong size, magic or version."""
     if nbytes is not None and nbytes != HEADER_BYTES:
         raise WireError(f"header of {nbytes} bytes, expected {HEADER_BYTES}")
-    v = _STRUCT.unpack_from(buf, 0)
+    try:
+        v = _STRUCT.unpack_from(buf, 0)
+    except struct.error:  # a buffer shorter than a header
+        raise WireError(f"header shorter than {HEADER_BYTES} bytes") from None
     h = Header(*v[:11], aux=v[11:])
     if h.magic != MAGIC:
         raise WireError(f"bad magic 0x{h.magic:x}")

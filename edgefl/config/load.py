@@ -55,7 +55,10 @@ def _check_value(path: str, f: Field, value: Any, source: str | None) -> Any:
     elif t == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad(_TYPE_WORDS[t])
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer beyond the float range
+            raise bad("a finite number") from None
         if not math.isfinite(value):
             raise bad("a finite number")
     elif t == "bool":
@@ -141,7 +144,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"--set {text!r}: empty key")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except ValueError:  # TOMLDecodeError, or an integer of over 4300 digits
         value = raw
     return key, value
 
@@ -181,6 +184,8 @@ def read_toml(path: str | Path) -> dict:
         raise ConfigError(f"config file '{path}': invalid TOML: {e}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file '{path}': not UTF-8 text") from None
+    except ValueError as e:  # tomllib: an integer of over 4300 digits
+        raise ConfigError(f"config file '{path}': invalid TOML: {e}") from None
 
 
 def load_config(
@@ -240,13 +245,18 @@ def config_from_toml(text: str, source: str = "config") -> dict:
     """Validate a config given as TOML text (e.g. the copy stored in a checkpoint)."""
     try:
         doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
+    except ValueError as e:  # TOMLDecodeError, or an integer of over 4300 digits
         raise ConfigError(f"{source}: invalid TOML: {e}") from None
     return load_config(doc=doc)
 
 
 def _is_torch_device(d: str) -> bool:
-    return d in ("cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())
+    return d in ("cpu", "cuda") or (d.startswith("cuda:") and _ascii_digits(d[5:]))
+
+
+def _ascii_digits(s: str) -> bool:
+    """True for a non-empty run of 0-9 (str.isdigit() also accepts e.g. superscripts)."""
+    return s.isascii() and s.isdigit()
 
 
 def _cross_checks(cfg: dict) -> None:
@@ -256,7 +266,7 @@ def _cross_checks(cfg: dict) -> None:
             f"config key 'fleet.device' = {dev!r}: expected auto, cpu, cuda or cuda:N"
         )
     for k, v in cfg["fleet"]["device_map"].items():
-        if not str(k).isdigit() or int(k) >= cfg["fleet"]["devices"]:
+        if not _ascii_digits(str(k)) or int(k) >= cfg["fleet"]["devices"]:
             raise ConfigError(
                 f"config key 'fleet.device_map' has key {k!r}: expected a device id in "
                 f"0..{cfg['fleet']['devices'] - 1}"

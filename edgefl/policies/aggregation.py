@@ -1,12 +1,14 @@
 """Aggregation of device updates on the coordinator (pure numpy, no MPI).
 
 Every aggregator combines a round's updates in ascending device order, so the result does
-not depend on the order in which messages arrived (the determinism contract).
+not depend on the order in which messages arrived (the determinism contract). The weighted
+means (FedAvg, plain mean) live here; the Byzantine-robust aggregators (median, trimmed
+mean, Krum, Multi-Krum, norm clipping) live in :mod:`edgefl.policies.robust` and are built
+by the same :func:`make_aggregator`.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,23 +36,41 @@ class Update:
     round: int = 0
 
 
-class Aggregator(ABC):
-    """Combines updates into one delta. Subclasses implement :meth:`weights`."""
+def ordered_updates(updates: Sequence[Update]) -> list[Update]:
+    """The updates sorted by (device, round), after checking they can be combined.
+
+    Raises ValueError for an empty round or deltas that are not 1-D of one common size.
+    """
+    if not updates:
+        raise ValueError("aggregate() needs at least one update")
+    ordered = sorted(updates, key=lambda u: (u.device, u.round))
+    size = ordered[0].delta.size
+    for u in ordered:
+        if u.delta.ndim != 1 or u.delta.size != size:
+            raise ValueError(
+                f"update of device {u.device} has shape {u.delta.shape}, expected ({size},)"
+            )
+    return ordered
+
+
+class Aggregator:
+    """Combines updates into one delta.
+
+    Subclasses implement either :meth:`weights` (a weighted mean, the default
+    :meth:`combine`) or :meth:`combine` itself (robust aggregators).
+    """
 
     name = "abstract"
 
-    @abstractmethod
     def weights(self, updates: Sequence[Update]) -> np.ndarray:
         """Non-negative weight per update (same order); they are normalised to sum to 1."""
+        raise NotImplementedError(f"{self.name} is not a weighted mean")
 
-    def aggregate(self, updates: Sequence[Update], out: np.ndarray | None = None) -> np.ndarray:
-        """Weighted mean of the deltas in ascending device order (float64 accumulation).
+    def combine(self, ordered: list[Update]) -> np.ndarray:
+        """The aggregate (float64, model size) of updates already in ascending device order.
 
-        Returns ``out`` (float32, model size) holding the aggregate.
+        Default: the mean weighted by :meth:`weights`, accumulated in float64.
         """
-        if not updates:
-            raise ValueError("aggregate() needs at least one update")
-        ordered = sorted(updates, key=lambda u: u.device)
         w = np.asarray(self.weights(ordered), dtype=np.float64)
         total = w.sum()
         if not np.isfinite(total) or total <= 0:
@@ -58,6 +78,14 @@ class Aggregator(ABC):
         acc = np.zeros(ordered[0].delta.size, np.float64)
         for wi, u in zip(w, ordered):
             acc += (wi / total) * u.delta
+        return acc
+
+    def aggregate(self, updates: Sequence[Update], out: np.ndarray | None = None) -> np.ndarray:
+        """Combine ``updates`` in ascending device order.
+
+        Returns ``out`` (float32, model size; allocated when None) holding the aggregate.
+        """
+        acc = self.combine(ordered_updates(updates))
         if out is None:
             out = np.empty(acc.size, np.float32)
         np.copyto(out, acc, casting="same_kind")
@@ -82,15 +110,46 @@ class Mean(Aggregator):
         return np.ones(len(updates))
 
 
+# The weighted means; the robust ones are registered in robust.ROBUST_AGGREGATORS.
 AGGREGATORS: dict[str, type[Aggregator]] = {a.name: a for a in (SampleWeighted, Mean)}
 
 
-def make_aggregator(name: str) -> Aggregator:
-    """Aggregator by config name (``algorithm.aggregation``)."""
-    try:
-        return AGGREGATORS[name]()
-    except KeyError:
+def all_aggregators() -> dict[str, type[Aggregator]]:
+    """Every ``algorithm.aggregation`` name and its class, weighted means first."""
+    from .robust import ROBUST_AGGREGATORS  # robust builds on this module: import late
+
+    return {**AGGREGATORS, **ROBUST_AGGREGATORS}
+
+
+def make_aggregator(name: str, expected_updates: int | None = None, **options) -> Aggregator:
+    """Aggregator by config name (``algorithm.aggregation``).
+
+    Args:
+        name: one of :func:`all_aggregators` (mean, sample-weighted, median, trimmed-mean,
+            krum, multi-krum, norm-clip).
+        expected_updates: updates per round the run expects (None = unknown); lets Krum
+            reject an assumed Byzantine count that is too large before the run starts.
+        **options: the ``[robust]`` config keys by their leaf name (``trim_fraction``,
+            ``krum_f``, ``multi_krum_m``, ``clip_norm``, ``norm_bound``,
+            ``norm_bound_relative``, ``norm_bound_mode``); each aggregator takes the ones
+            it uses, so the whole ``cfg["robust"]`` table may be passed.
+
+    Raises ConfigError naming the key for an unknown name or a bad option.
+    """
+    from .robust import ROBUST_KEYS, build_robust
+
+    registry = all_aggregators()
+    cls = registry.get(name)
+    if cls is None:
         raise ConfigError(
-            f"config key 'algorithm.aggregation' = {name!r}: expected one of "
-            + ", ".join(AGGREGATORS)
-        ) from None
+            f"config key 'algorithm.aggregation' = {name!r}: expected one of " + ", ".join(registry)
+        )
+    unknown = sorted(set(options) - set(ROBUST_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"config key 'robust.{unknown[0]}': unknown option; expected one of "
+            + ", ".join(ROBUST_KEYS)
+        )
+    if name in AGGREGATORS:
+        return cls()
+    return build_robust(name, expected_updates, options)

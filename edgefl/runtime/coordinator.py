@@ -157,7 +157,9 @@ class Coordinator:
             from ..sim.profiles import load_fleet
 
             self.profiles = load_fleet(cfg["sim"]["profiles"], self.num_devices, cfg["seed"])
-        self.ref_s = cfg["sim"]["reference_s_per_sample"] or 1e-4
+        self.ref_s = cfg["sim"]["reference_s_per_sample"]
+        if self.virtual and self.ref_s == 0:
+            self.ref_s = self._calibrate()
         self.timeline = Timeline()
         self.inflight: dict[int, tuple[int, int, float]] = {}  # device -> (task, version, t0)
         self.tasks = {d: 0 for d in self.devices}
@@ -170,6 +172,26 @@ class Coordinator:
         self.lost_tasks = 0
         self.events_log = None
         self.failed: dict[int, float] = {}
+
+    def _calibrate(self) -> float:
+        """Measure this machine's seconds per training sample once (sim.reference_s_per_sample
+        = 0); the figure goes into the checkpoints' config and summary.json."""
+        import copy
+
+        from ..sim.profiles import calibrate_reference
+
+        c = self.cfg["train"]
+        ref = calibrate_reference(
+            copy.deepcopy(self.task.model),
+            self.task.data.train(0),
+            batch_size=c["batch_size"] or 32,
+            steps=50,
+            task=self.task.data.info.task,
+            lr=c["lr"],
+        )
+        self.cfg["sim"]["reference_s_per_sample"] = ref
+        log.warning("sim.reference_s_per_sample calibrated on this machine: %.3g s", ref)
+        return ref
 
     def _work(self, d: int) -> int:
         """Training samples one task of device ``d`` processes."""
@@ -472,6 +494,7 @@ class Coordinator:
             "time_s": end,
             "idle_fraction": self.timeline.idle_fraction(),
             "consistency": self.policy.name,
+            "reference_s_per_sample": self.ref_s,
             "lost_tasks": self.lost_tasks,
             "failed_devices": {str(d): t for d, t in sorted(self.failed.items())},
             "staleness_hist": {str(k): v for k, v in sorted(self.staleness.items())},
