@@ -47,3 +47,16 @@ def write_json(path: str | None, rows: list[dict]) -> None:
     if path:
         Path(path).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
         print(f"# rows written to {path}")
+
+
+def run_simulate(out: Path, sets: list[str], timeout: float = 3600) -> None:
+    """Run ``edgefl simulate --out OUT --set ...`` (real mpiexec) and fail loudly."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "edgefl", "simulate", "--out", str(out)]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
+        raise SystemExit(f"edgefl: error: benchmark run failed: {' '.join(cmd)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -358,8 +359,13 @@ class Coordinator:
         """Check an arrived update; None (and counted as lost) if it must be rejected."""
         msg = ev.msg
         task, base, _t0 = self._task_done(ev.device)
-        if not np.isfinite(msg.payload).all():
-            self.t.reject(msg.src, f"non-finite update from device {msg.device}")
+        bad = ""
+        if not all(math.isfinite(x) for x in msg.aux) or msg.aux[0] < 0 or msg.aux[2] < 0:
+            bad = f"update from device {msg.device} with bad header values {msg.aux}"
+        elif not np.isfinite(msg.payload).all():
+            bad = f"non-finite update from device {msg.device}"
+        if bad:
+            self.t.reject(msg.src, bad)
             self.t.release(msg)
             return None
         dev = self.devices[ev.device]

@@ -1,0 +1,160 @@
+"""``edgefl bench consistency``: BSP vs SSP(s) vs ASP vs FedBuff on an unequal fleet.
+
+Every row is one ``edgefl simulate`` run over real mpiexec on the virtual clock, with the
+same data, model, seed and device profiles (``edge-mix`` by default: a 500x speed spread);
+only ``algorithm.consistency`` (and s / K) changes. Each run gets the same virtual-time
+budget; the global model is evaluated every ``budget / evals`` virtual seconds.
+
+Row fields: ``policy``, ``time_to_target_s`` (virtual seconds until the test accuracy first
+reached the target; null if never), ``final_accuracy`` (at the end of the budget),
+``updates`` (device updates applied in the budget), ``updates_to_target``, ``versions``
+(global model versions), ``idle_fraction`` (time devices spent waiting on the coordinator
+over their online time), ``run_dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+NAME = "consistency"
+HELP = "BSP / SSP(s) / ASP / FedBuff on edge-mix: time to target, accuracy, idle fraction"
+
+DEFAULT_POLICIES = "bsp,ssp:2,ssp:4,ssp:8,ssp:16,asp,fedbuff:4"
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma list (ssp:S, fedbuff:K)")
+    p.add_argument("--devices", type=int, default=16)
+    p.add_argument("--ranks", type=int, default=3, help="MPI ranks incl. the coordinator")
+    p.add_argument("--profiles", default="edge-mix")
+    p.add_argument("--budget-s", type=float, default=60.0, help="virtual seconds per run")
+    p.add_argument("--target", type=float, default=0.75, help="target test accuracy")
+    p.add_argument("--evals", type=int, default=40, help="evaluations per run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--runs", default="", help="keep the run directories here")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="extra config override"
+    )
+
+
+def _policy_args(spec: str) -> tuple[str, list[str]]:
+    name, _, arg = spec.partition(":")
+    sets = [f"algorithm.consistency={name}"]
+    if name == "ssp":
+        sets.append(f"algorithm.staleness={int(arg or 4)}")
+    elif name == "fedbuff":
+        sets.append(f"algorithm.buffer_k={int(arg or 4)}")
+    elif arg:
+        raise SystemExit(f"edgefl: error: policy {spec!r} takes no argument")
+    return spec.replace(":", "-s" if name == "ssp" else "-k"), sets
+
+
+def main(args: argparse.Namespace) -> int:
+    from .common import header, run_simulate, table, write_json
+
+    cfg = {
+        "policies": args.policies,
+        "devices": args.devices,
+        "ranks": args.ranks,
+        "profiles": args.profiles,
+        "budget_s": args.budget_s,
+        "target": args.target,
+        "evals": args.evals,
+        "overrides": args.overrides,
+    }
+    header(NAME, sys.argv, cfg, args.seed)
+    root = Path(args.runs or f"runs/bench-consistency-{time.strftime('%Y%m%d-%H%M%S')}")
+    root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for spec in args.policies.split(","):
+        label, sets = _policy_args(spec.strip())
+        out = root / label
+        sets += [
+            f"seed={args.seed}",
+            f"fleet.devices={args.devices}",
+            f"fleet.ranks={args.ranks}",
+            f"sim.profiles={args.profiles}",
+            "run.rounds=1000000",
+            f"run.max_virtual_s={args.budget_s}",
+            "run.eval_every=1000000",
+            f"run.eval_every_s={args.budget_s / args.evals}",
+            "run.checkpoint_every=0",
+            "output.progress=quiet",
+            *args.overrides,
+        ]
+        t0 = time.monotonic()
+        run_simulate(out, sets)
+        wall = time.monotonic() - t0
+        rows.append(_row(label, out, args.target, wall))
+        r = rows[-1]
+        print(
+            f"# {label}: final acc {r['final_accuracy']}, to target {r['time_to_target_s']}, "
+            f"updates {r['updates']}, idle {r['idle_fraction']:.3f} ({wall:.0f} s wall)",
+            flush=True,
+        )
+    cols = [
+        "policy",
+        "time_to_target_s",
+        "final_accuracy",
+        "updates",
+        "updates_to_target",
+        "versions",
+        "idle_fraction",
+    ]
+    print(table(rows, cols))
+    _verdict(rows)
+    dirs = " ".join(str(root / r["policy"]) for r in rows)
+    print(f"# plots: edgefl report {dirs} --out {root / 'report'}")
+    write_json(args.json, rows)
+    return 0
+
+
+def _row(label: str, out: Path, target: float, wall: float) -> dict:
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
+    summary = json.loads((out / "summary.json").read_text())
+    evals = [r for r in rows if r.get("test_accuracy") is not None]
+    to_target = None
+    updates_to_target = None
+    done = 0
+    for r in rows:
+        done += r["updates"]
+        if r.get("test_accuracy") is not None and r["test_accuracy"] >= target:
+            to_target = r["time_s"]
+            updates_to_target = done
+            break
+    return {
+        "policy": label,
+        "time_to_target_s": to_target,
+        "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
+        "updates": sum(r["updates"] for r in rows),
+        "updates_to_target": updates_to_target,
+        "versions": len(rows),
+        "idle_fraction": summary["idle_fraction"],
+        "wall_s": round(wall, 1),
+        "run_dir": str(out),
+    }
+
+
+def _verdict(rows: list[dict]) -> None:
+    by = {r["policy"]: r for r in rows}
+    if "bsp" in by:
+        idle = by["bsp"]["idle_fraction"]
+        print(
+            f"# BSP idle fraction {idle:.3f} (expected >= 0.40): {'yes' if idle >= 0.4 else 'NO'}"
+        )
+    ssp = sorted((int(p.split("-s")[1]), r) for p, r in by.items() if p.startswith("ssp-s"))
+    if len(ssp) > 1:
+        idles = [r["idle_fraction"] for _, r in ssp]
+        falls = all(b <= a + 1e-9 for a, b in zip(idles, idles[1:]))
+        print(f"# SSP idle fraction by s {[s for s, _ in ssp]}: {[round(x, 3) for x in idles]}"
+              f" (falls as s grows: {'yes' if falls else 'NO'})")  # fmt: skip
+        upd = [r["updates_to_target"] for _, r in ssp]
+        print(f"# SSP updates to target by s: {upd}")
+        reached = [(r["time_to_target_s"], s) for s, r in ssp if r["time_to_target_s"]]
+        if reached:
+            t, s = min(reached)
+            print(f"# fastest SSP to target: s = {s} ({t:.2f} virtual s)")
