@@ -160,7 +160,7 @@ class Consistency(ABC):
     # -- helpers ----------------------------------------------------------------------
     def concurrency(self) -> int:
         n = len(self.devices)
-        return min(n, max(self.min_devices, int(round(self.participation * n))))
+        return min(n, max(self.min_devices, math.floor(self.participation * n + 0.5)))
 
     def _pick(self, candidates: list[int], k: int) -> list[int]:
         """``k`` of ``candidates`` (sorted), deterministic in the seed and the draw count."""
@@ -318,10 +318,11 @@ class SSP(Consistency):
             if d in self.busy:
                 continue
             if not available(d):
+                self.active.discard(d)  # offline or dead: does not hold the others back
                 continue
             if d not in self.active:  # rejoining: catch up with the slowest active device
-                self.active.add(d)
                 self.clock[d] = max(self.clock[d], self._slowest())
+                self.active.add(d)
             if self._may_start(d):
                 go.append(d)
         self.busy.update(go)
