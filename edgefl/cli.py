@@ -1,4 +1,4 @@
-"""The ``edgefl`` command: simulate, run, inspect, config, bench.
+"""The ``edgefl`` command: simulate, run, inspect, config, bench, report.
 
 User errors (:class:`~edgefl.errors.EdgeflError`) print one line ``edgefl: error: ...`` and
 exit with status 2, without a traceback.
@@ -71,8 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_config_docs)
 
     from .bench import add_bench_parser
+    from .report import add_parser as add_report_parser
 
     add_bench_parser(sub)
+    add_report_parser(sub)
     return parser
 
 
@@ -104,6 +106,9 @@ def preflight(cfg: dict) -> None:
     model argument fails with one line before any MPI rank starts."""
     from .runtime.state import build_task
 
+    from .runtime.policies import check_policies
+
+    check_policies(cfg)
     task = build_task(cfg, "cpu")
     task.data.test()
     if cfg["sim"]["clock"] == "virtual":

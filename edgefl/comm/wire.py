@@ -43,12 +43,14 @@ class Kind(enum.IntEnum):
 
     REGISTER = 1  # up: JSON (uint8) describing the devices a rank hosts
     MODEL = 2  # down: the global model (float32, model size), device -1 = whole rank
-    TRAIN = 3  # down: train `device` from the latest MODEL (same round)
+    TRAIN = 3  # down: run task `round` of `device`; aux = (version, samples D, batch b, flags)
     UPDATE = 4  # up: model delta (float32, model size); aux = (samples, loss, seconds, version)
     STOP = 5  # down: finish; aux[0] = exit status the worker should return
     ERROR = 6  # up: UTF-8 text (uint8) of a fatal worker-side error
     ORDER = 7  # down: next-epoch example order (int32) for `device`
     HEARTBEAT = 8  # both: liveness, no payload
+    REPORT = 9  # up: a local iteration ended without a push; aux = (samples, loss, seconds, z)
+    GRADS = 10  # up: per-example gradients (or sketches) of a task, float32 (CD-GraB)
 
 
 class DType(enum.IntEnum):
@@ -101,6 +103,8 @@ SPECS: dict[Kind, KindSpec] = {
     Kind.ERROR: KindSpec("up", frozenset({DType.UINT8}), "any"),
     Kind.ORDER: KindSpec("down", frozenset({DType.INT32}), "any"),
     Kind.HEARTBEAT: KindSpec("both", frozenset({DType.NONE}), "none"),
+    Kind.REPORT: KindSpec("up", frozenset({DType.NONE}), "none"),
+    Kind.GRADS: KindSpec("up", frozenset({DType.FLOAT32}), "any"),
 }
 
 

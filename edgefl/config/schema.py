@@ -188,8 +188,139 @@ SCHEMA: dict[str, Any] = {
         "aggregation": _f(
             "sample-weighted",
             "str",
-            "How deltas are combined: sample-weighted (FedAvg) or mean.",
-            choices=("sample-weighted", "mean"),
+            "How deltas are combined: sample-weighted (FedAvg), mean, loss-weighted / "
+            "loss-softmax (Hermes), median, trimmed-mean, krum, multi-krum, norm-clip "
+            "(docs/robustness.md).",
+            choices=(
+                "sample-weighted",
+                "mean",
+                "loss-weighted",
+                "loss-softmax",
+                "median",
+                "trimmed-mean",
+                "krum",
+                "multi-krum",
+                "norm-clip",
+            ),
+        ),
+        "gate": _f(
+            "always",
+            "str",
+            "When a device pushes: always (after every task) or hermes (significance-gated "
+            "HermesGUP; docs/hermes.md).",
+            choices=("always", "hermes"),
+        ),
+        "allocation": _f(
+            "fixed",
+            "str",
+            "Work per device iteration: fixed (all its samples) or hermes (sized toward the "
+            "median iteration time).",
+            choices=("fixed", "hermes"),
+        ),
+        "residual": _f(
+            "none",
+            "str",
+            "Worker-side residual: none or gddr (delayed, sum-preserving release; docs/gddr.md).",
+            choices=("none", "gddr"),
+        ),
+    },
+    "hermes": {
+        "alpha": _f(-1.3, "float", "Z-score threshold of a major update (< 0)."),
+        "window": _f(10, "int", "Losses in the window, the current one included (>= 2).", min=2),
+        "lam": _f(5, "int", "Minor updates before the threshold starts relaxing.", min=0),
+        "beta": _f(0.1, "float", "Relaxation per minor update beyond lam, in [0, 1).", min=0.0),
+        "reset_alpha": _f(False, "bool", "Restore alpha after each major update."),
+        "test": _f(
+            "zscore",
+            "str",
+            "Significance test: zscore or percentile.",
+            choices=("zscore", "percentile"),
+        ),
+        "percentile": _f(10.0, "float", "p of the percentile test, in percent (0, 50]."),
+        "wait_for_model": _f(
+            True, "bool", "After a push, wait for the new global model (only true is supported)."
+        ),
+        "softmax_temperature": _f(0.5, "float", "Temperature of loss-softmax aggregation."),
+        "softmax_buffer": _f(4, "int", "Major updates kept by loss-softmax.", min=1),
+        "holdout_fraction": _f(
+            0.2,
+            "float",
+            "Fraction of each device's samples held out for its local loss (the GUP signal).",
+            min=0.0,
+            max=0.9,
+            exclusive_min=True,
+        ),
+        "max_local_iterations": _f(
+            100,
+            "int",
+            "A device pushes anyway after this many local iterations without a major update "
+            "(0 = never).",
+            min=0,
+        ),
+    },
+    "allocation": {
+        "warmup": _f(1, "int", "Measurements before a device can be re-allocated.", min=1),
+        "smoothing": _f(0.3, "float", "EMA weight of the newest step-time estimate (0, 1]."),
+        "max_change": _f(0.5, "float", "Largest relative change of D per step (0, 1]."),
+        "tolerance": _f(0.1, "float", "Relative distance to T* that counts as on target."),
+        "fence": _f(1.5, "float", "Tukey fence multiplier of the IQR.", min=0.0),
+        "trigger": _f(
+            "fences",
+            "str",
+            "Who is re-allocated: fences (outliers only) or always.",
+            choices=("fences", "always"),
+        ),
+    },
+    "gddr": {
+        "alpha": _f(0.4, "float", "Probability a coordinate is withheld at a step [0, 1)."),
+        "tau": _f(4, "int", "Most steps a value may wait (start value when adaptive).", min=1),
+        "adaptive": _f(False, "bool", "Let the coordinator adapt tau within [tau_min, tau_max]."),
+        "tau_min": _f(2, "int", "Lower bound of adaptive tau.", min=1),
+        "tau_max": _f(8, "int", "Upper bound of adaptive tau.", min=1),
+        "installments": _f(1, "int", "Installments a released residual is paid in.", min=1),
+        "installment_ratio": _f(0.5, "float", "Ratio between consecutive installments (0, 1]."),
+        "checkpoint_every": _f(
+            5, "int", "Device steps between residual checkpoints (0 = never).", min=0
+        ),
+        "replay_decay": _f(0.5, "float", "Ratio between consecutive replay amounts (0, 1)."),
+        "replay_steps": _f(5, "int", "Coordinator steps a dead device's replay spans.", min=1),
+    },
+    "robust": {
+        "trim_fraction": _f(
+            0.1, "float", "trimmed-mean: fraction dropped at each end of every coordinate."
+        ),
+        "krum_f": _f(-1, "int", "krum/multi-krum: assumed Byzantine devices f (-1 = unset)."),
+        "multi_krum_m": _f(0, "int", "multi-krum: updates averaged (0 = n - f).", min=0),
+        "clip_norm": _f(
+            0.0, "float", "norm-clip: clip norm C (0 = the round's median norm).", min=0.0
+        ),
+        "norm_bound": _f(
+            0.0, "float", "Update filter: absolute L2 bound on an update (0 = off).", min=0.0
+        ),
+        "norm_bound_relative": _f(
+            0.0,
+            "float",
+            "Update filter: bound as a multiple (>= 1) of the round's median norm (0 = off).",
+            min=0.0,
+        ),
+        "norm_bound_mode": _f(
+            "reject",
+            "str",
+            "Update filter: reject or clip an update above the bound.",
+            choices=("reject", "clip"),
+        ),
+    },
+    "dp": {
+        "enabled": _f(False, "bool", "Client-level DP (DP-FedAvg) on the aggregated mean."),
+        "clip": _f(1.0, "float", "Per-update L2 clip norm C.", min=0.0, exclusive_min=True),
+        "noise_multiplier": _f(1.0, "float", "z: noise std on the mean is z C / n.", min=0.0),
+        "delta": _f(
+            1e-5,
+            "float",
+            "delta at which epsilon is reported.",
+            min=0.0,
+            max=1.0,
+            exclusive_min=True,
         ),
     },
     "sim": {

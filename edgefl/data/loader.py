@@ -7,6 +7,7 @@ from typing import Any
 
 from edgefl.data._args import check_run_params
 from edgefl.data.base import FederatedDataset
+from edgefl.data.clicks import ClicksFederated
 from edgefl.data.fedh5 import FedH5Federated
 from edgefl.data.partition import PartitionedFederated
 from edgefl.data.plugin import load_plugin
@@ -19,6 +20,7 @@ BUILTIN_SOURCES: dict[str, Callable[[dict[str, Any] | None, int, int], Federated
     "partition": PartitionedFederated,
     "fedh5": FedH5Federated,
     "text": TextFederated,
+    "clicks": ClicksFederated,
 }
 
 

@@ -12,19 +12,22 @@ import numpy as np
 import torch
 
 from ..ckpt import checkpoint_name, save_checkpoint
-from ..comm import Kind, Transport
+from ..comm import Kind, Message, Transport
 from ..comm.wire import HEADER_BYTES
 from ..config import config_from_toml
 from ..errors import CheckpointError, EdgeflError
 from ..models.train import evaluate
-from ..policies.aggregation import Update, make_aggregator
+from ..policies.aggregation import Update
+from ..policies.allocation import make_allocator
 from ..policies.consistency import Apply, Arrival, Decision, make_consistency
+from ..policies.hermes_metrics import HermesMetrics
 from ..sim.clock import plan_task
 from ..sim.timeline import Timeline
 from .events import (
     ARRIVE,
     LOST,
     ONLINE,
+    PUSH,
     TIMER,
     Event,
     VirtualEvents,
@@ -34,7 +37,9 @@ from .events import (
 )
 from .output import MetricsLog, Progress, summary_table
 from .placement import devices_of_rank
+from .policies import make_update_aggregator
 from .state import RESUME_MUST_MATCH, Task, checkpoint_state
+from .worker import CONTINUE
 
 log = logging.getLogger("edgefl.coordinator")
 
@@ -66,7 +71,7 @@ class Coordinator:
         self.resume = resume
         self.num_devices = cfg["fleet"]["devices"]
         self.workers = list(range(1, transport.size))
-        self.aggregator = make_aggregator(cfg["algorithm"]["aggregation"])
+        self.aggregator = make_update_aggregator(cfg, self.num_devices)
         self.global_model = task.flat.to_host()  # the live global model (float32, zero-copy)
         self.agg_buf = np.empty_like(self.global_model)
         self.devices: dict[int, dict] = {}
@@ -173,6 +178,32 @@ class Coordinator:
         self.lost_tasks = 0
         self.events_log = None
         self.failed: dict[int, float] = {}
+        alg = cfg["algorithm"]
+        self.gated = alg["gate"] != "always"
+        self.pushes: dict[tuple[int, int], Message] = {}  # gated pushes being uploaded
+        self.control_msgs = 0
+        self._iter_time: dict[int, float] = {}
+        self.hermes = HermesMetrics()
+        hold = cfg["hermes"]["holdout_fraction"]
+        self.n_train = {}
+        for d, v in self.devices.items():
+            n = v["samples"]
+            h = min(n - 1, max(1, int(round(hold * n)))) if self.gated and n >= 2 else 0
+            self.n_train[d] = n - h
+            v.setdefault("requests", 0)
+            v.setdefault("iterations", 0)
+            self.hermes.add_device(d)
+        self.allocating = alg["allocation"] != "fixed"
+        self.allocator = make_allocator(
+            alg["allocation"], cfg["allocation"], epochs=cfg["train"]["local_epochs"]
+        )
+        for d in sorted(self.devices):
+            cap = self.profiles[d].mem_cap if self.profiles is not None else 0
+            self.allocator.add_device(
+                d, self.n_train[d], memory_cap=cap or None, batch=cfg["train"]["batch_size"] or 32
+            )
+        self.loss_agg = alg["aggregation"] in ("loss-weighted", "loss-softmax")
+        self._global_loss: tuple[int, float] | None = None
 
     def _calibrate(self) -> float:
         """Measure this machine's seconds per training sample once (sim.reference_s_per_sample
@@ -195,11 +226,15 @@ class Coordinator:
         return ref
 
     def _work(self, d: int) -> int:
-        """Training samples one task of device ``d`` processes."""
+        """Training samples one iteration of device ``d`` processes."""
         c = self.cfg["train"]
-        n = self.devices[d]["samples"]
+        n = self.n_train[d]
+        batch = c["batch_size"]
+        if self.allocating:
+            a = self.allocator.allocation(d)
+            n, batch = min(n, a.samples or n), a.batch or batch
         if c["local_steps"]:
-            return c["local_steps"] * (c["batch_size"] or n)
+            return c["local_steps"] * (batch or n)
         return c["local_epochs"] * n
 
     def _available(self, d: int) -> bool:
@@ -224,38 +259,84 @@ class Coordinator:
         return False
 
     def _dispatch(self, d: int, now: float) -> None:
-        task = self.tasks[d]
-        self.tasks[d] += 1
+        """Start a new task of ``d`` from the current model (model download + TRAIN)."""
+        task = self._next_task(d)
         model_bytes = self.global_model.nbytes
-        down, up = 2 * HEADER_BYTES + model_bytes, HEADER_BYTES + model_bytes
+        down = 2 * HEADER_BYTES + model_bytes
         dev = self.devices[d]
         dev["bytes_down"] += down
         dev["msgs_down"] += 2
+        dev["requests"] += 1
         self._period["bytes_down"] += down
         self._period["msgs_down"] += 2
         self.inflight[d] = (task, self.version, now)
         if self.policy.name == "fedasync":
             self.bases.setdefault(self.version, self.global_model.copy())
             self.base_refs[self.version] = self.base_refs.get(self.version, 0) + 1
-        if self.virtual:
-            plan = plan_task(
-                self.profiles[d], self.cfg["seed"], d, task, now, down, up, self._work(d),
-                self.ref_s,
-            )  # fmt: skip
-            for state, a, b in plan.intervals():
-                self.timeline.add(d, state, a, b)
-            self._log("dispatch", now, d, task)
-            if plan.lost:
-                self.ev.schedule(plan.lost_at, LOST, d, task)
-                return
-            self.ev.schedule(plan.arrive, ARRIVE, d, task)
-        else:
-            self.ev.schedule(0.0, ARRIVE, d, task)
+        self._log("dispatch", now, d, task)
+        if not self._plan(d, task, now, download=True):
+            return
         rank = dev["rank"]
         if self.rank_version.get(rank) != self.version:
             self.t.send(rank, Kind.MODEL, round=self.version, payload=self.global_model)
             self.rank_version[rank] = self.version
-        self.t.send(rank, Kind.TRAIN, device=d, round=task, vtime=now, aux=(self.version,))
+        self._send_train(d, task, now, flags=0)
+
+    def _continue(self, d: int, now: float) -> None:
+        """A gated device goes on with its next local iteration (no download)."""
+        task = self._next_task(d)
+        first, base, t0 = self.inflight[d]
+        self.inflight[d] = (task, base, t0)
+        if not self._plan(d, task, now, download=False):
+            return
+        self._send_train(d, task, now, flags=CONTINUE)
+        self.control_msgs += 1
+
+    def _next_task(self, d: int) -> int:
+        task = self.tasks[d]
+        self.tasks[d] += 1
+        return task
+
+    def _send_train(self, d: int, task: int, now: float, flags: int) -> None:
+        a = self.allocator.allocation(d) if self.allocating else None
+        samples, batch = (a.samples, a.batch) if a is not None else (0, 0)
+        aux = (float(self.version), float(samples), float(batch), float(flags))
+        self.t.send(self.devices[d]["rank"], Kind.TRAIN, device=d, round=task, vtime=now, aux=aux)
+
+    def _plan(self, d: int, task: int, now: float, download: bool) -> bool:
+        """Plan an iteration on the virtual clock (no-op on the wall clock); False if it
+        is lost (the device goes offline or dies first: nothing is sent)."""
+        if not self.virtual:
+            self.ev.schedule(0.0, ARRIVE, d, task)
+            return True
+        model_bytes = self.global_model.nbytes
+        plan = plan_task(
+            self.profiles[d], self.cfg["seed"], d, task, now, 2 * HEADER_BYTES + model_bytes,
+            HEADER_BYTES + model_bytes, self._work(d), self.ref_s, download=download,
+            upload=not self.gated,
+        )  # fmt: skip
+        for state, a, b in plan.intervals():
+            self.timeline.add(d, state, a, b)
+        self._iter_time[d] = plan.compute_end - plan.model_at
+        if plan.lost:
+            self.ev.schedule(plan.lost_at, LOST, d, task)
+            return False
+        self.ev.schedule(plan.arrive, ARRIVE, d, task)
+        return True
+
+    def _plan_push(self, d: int, task: int, now: float, msg: Message) -> None:
+        """A gated device pushes at ``now``: its update arrives after the upload."""
+        prof = self.profiles[d]
+        arrive = now + prof.up_s(HEADER_BYTES + msg.nbytes)
+        seed = self.cfg["seed"]
+        cut = min(prof.failure.crash_time(seed, d), prof.availability.online_until(now, seed, d))
+        self.timeline.add(d, "upload", now, min(arrive, cut))
+        if cut < arrive:
+            self.t.release(msg)
+            self.ev.schedule(cut, LOST, d, task)
+            return
+        self.pushes[(d, task)] = msg
+        self.ev.schedule(arrive, PUSH, d, task)
 
     def _task_done(self, d: int) -> tuple[int, int, float]:
         task, base, t0 = self.inflight.pop(d)
@@ -281,7 +362,17 @@ class Coordinator:
         self.t.wait_sends()  # sends of the global buffer must finish before it changes
         lr = np.float32(self.cfg["server"]["lr"])
         arr = ap.arrivals
-        if ap.mode == "aggregate":
+        if self.loss_agg and ap.mode != "mix":
+            # Hermes: fold each update into the loss-weighted running average, then apply it
+            gl = self._global_test_loss()
+            for a in sorted(arr, key=lambda x: x.device) if ap.mode == "aggregate" else arr:
+                cand = self._candidate_loss(a.delta)
+                if self.aggregator.name == "loss-weighted":
+                    step = self.aggregator.push(a.delta, cand, gl)
+                else:
+                    step = self.aggregator.push(a.device, a.delta, cand)
+            self.global_model += lr * step
+        elif ap.mode == "aggregate":
             ups = [Update(a.device, a.delta, a.samples, a.loss, self.version) for a in arr]
             agg = self.aggregator.aggregate(ups, out=self.agg_buf)
             self.global_model += lr * agg
@@ -339,6 +430,10 @@ class Coordinator:
             up = HEADER_BYTES + a.delta.nbytes
             per_dev[str(a.device)] = {"bytes_up": up, "msgs_up": 1, "time_s": a.seconds}
         row.update(self._period)
+        if self.gated:
+            row["major_updates"] = sorted(row.pop("pushes", []))
+        else:
+            row.pop("pushes", None)
         self._period = _new_period()
         row["wall_time_s"] = time.monotonic() - self._t0
         row["devices"] = per_dev
@@ -354,6 +449,38 @@ class Coordinator:
         final = r >= cfg["run"]["rounds"] or bool(self.stopped)
         if self.out_dir is not None and ((every and r % every == 0) or final):
             self.checkpoint(r, self.metrics.rows, row["wall_time_s"], now)
+
+    def _iteration(self, ev: Event, pushed: bool) -> None:
+        """Book one finished local iteration of ``ev.device`` (Hermes metrics, allocation)."""
+        d = ev.device
+        msg = ev.msg
+        seconds = self._iter_time.get(d, 0.0) if self.virtual else float(msg.aux[2])
+        if not math.isfinite(seconds) or seconds < 0:
+            seconds = 0.0
+        self.devices[d]["iterations"] += 1
+        self.hermes.record_iteration(d, seconds)
+        if pushed:
+            self._period.setdefault("pushes", []).append(d)
+        if self.allocating and seconds > 0:
+            self.allocator.update({d: seconds})
+
+    def _global_test_loss(self) -> float:
+        """Test loss of the current global model (cached per version)."""
+        if self._global_loss is None or self._global_loss[0] != self.version:
+            with torch.no_grad():
+                loss = evaluate(self.task.model, self._test, self.task.data.info.task)[0]
+            self._global_loss = (self.version, loss)
+        return self._global_loss[1]
+
+    def _candidate_loss(self, delta: np.ndarray) -> float:
+        """Test loss of the global model with ``delta`` applied (the model is restored)."""
+        keep = self.global_model.copy()
+        self.global_model += delta
+        try:
+            with torch.no_grad():
+                return evaluate(self.task.model, self._test, self.task.data.info.task)[0]
+        finally:
+            self.global_model[:] = keep
 
     def _arrival(self, ev: Event) -> Arrival | None:
         """Check an arrived update; None (and counted as lost) if it must be rejected."""
@@ -432,7 +559,24 @@ class Coordinator:
             if max_t and now > max_t:
                 self.stopped = f"run.max_virtual_s = {max_t} reached"
                 break
+            if ev.kind == ARRIVE and ev.msg.kind == Kind.REPORT:
+                self._iteration(ev, pushed=False)
+                self._log("iteration", now, ev.device, ev.task)
+                self._continue(ev.device, now)
+                continue
+            if ev.kind == ARRIVE and self.gated and self.virtual:
+                self._iteration(ev, pushed=True)
+                self._log("push", now, ev.device, ev.task)
+                self._plan_push(ev.device, ev.task, now, ev.msg)
+                continue
+            if ev.kind == PUSH:
+                ev.msg = self.pushes.pop((ev.device, ev.task))
+                ev.kind = ARRIVE
+            elif ev.kind == ARRIVE and self.gated:
+                self._iteration(ev, pushed=True)
             if ev.kind == ARRIVE:
+                if not self.gated:
+                    self._iteration(ev, pushed=True)
                 a = self._arrival(ev)
                 self._log("arrive", now, ev.device, ev.task)
                 if a is None:
@@ -478,6 +622,31 @@ class Coordinator:
         save_checkpoint(path, state)
         return path
 
+    def _hermes_summary(self) -> dict:
+        """WI, API calls, iterations, iteration-time CV (Hermes metrics; any gate)."""
+        wi = {}
+        for d, v in sorted(self.devices.items()):
+            wi[str(d)] = v["iterations"] / v["requests"] if v.get("requests") else 0.0
+        pulls = sum(v.get("requests", 0) for v in self.devices.values())
+        pushes = sum(v["msgs_up"] for v in self.devices.values())
+        cvs = self.hermes.cv_by_iteration()
+        return {
+            "wi": wi,
+            "wi_mean": float(np.mean(list(wi.values()))) if wi else 0.0,
+            "iterations": sum(v["iterations"] for v in self.devices.values()),
+            "pulls": pulls,
+            "pushes": pushes,
+            "api_calls": pulls + pushes,
+            "control_messages": self.control_msgs,
+            "bytes": sum(v["bytes_up"] + v["bytes_down"] for v in self.devices.values()),
+            "iteration_time_cv_first": cvs[0] if cvs else None,
+            "iteration_time_cv_last": cvs[-1] if cvs else None,
+            "iteration_time_cv": cvs,
+            "allocations": {
+                str(d): [a.samples, a.batch] for d, a in self.allocator.allocations().items()
+            },
+        }
+
     def _restore_clock(self, st: dict) -> None:
         """Policy state and task counters of a resumed run (in-flight tasks restart)."""
         c = st.get("clock")
@@ -500,6 +669,9 @@ class Coordinator:
             "time_s": end,
             "idle_fraction": self.timeline.idle_fraction(),
             "consistency": self.policy.name,
+            "gate": self.cfg["algorithm"]["gate"],
+            "allocation": self.cfg["algorithm"]["allocation"],
+            "hermes": self._hermes_summary(),
             "reference_s_per_sample": self.ref_s,
             "lost_tasks": self.lost_tasks,
             "failed_devices": {str(d): t for d, t in sorted(self.failed.items())},

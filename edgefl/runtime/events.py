@@ -27,8 +27,8 @@ from ..errors import EdgeflError
 log = logging.getLogger("edgefl.coordinator")
 
 # event kinds, in the order they are processed when their times are equal
-ARRIVE, LOST, TIMER, ONLINE = 0, 1, 2, 3
-KIND_NAMES = {ARRIVE: "arrive", LOST: "lost", TIMER: "timer", ONLINE: "online"}
+ARRIVE, LOST, TIMER, ONLINE, PUSH = 0, 1, 2, 3, 4
+KIND_NAMES = {ARRIVE: "arrive", LOST: "lost", TIMER: "timer", ONLINE: "online", PUSH: "push"}
 
 
 class WorkerFailed(EdgeflError):
@@ -61,7 +61,7 @@ class _Source:
         for msg in self.t.poll(timeout=timeout):
             if msg.kind == Kind.ERROR:
                 raise WorkerFailed(error_text(msg))
-            if msg.kind == Kind.UPDATE:
+            if msg.kind in (Kind.UPDATE, Kind.REPORT):
                 key = (msg.device, msg.round)
                 old = self.stash.get(key)
                 if old is not None:
@@ -161,6 +161,7 @@ __all__ = [
     "KIND_NAMES",
     "LOST",
     "ONLINE",
+    "PUSH",
     "TIMER",
     "VirtualEvents",
     "WallEvents",

@@ -17,6 +17,7 @@ import torch
 from ..ckpt import load_checkpoint
 from ..comm import Kind, Validator, mpi_transport
 from ..errors import ConfigError, EdgeflError
+from .policies import check_policies
 from .rundir import prepare_run_dir, resolve_run_dir
 from .state import build_task
 
@@ -59,6 +60,7 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                 out_dir = prepare_run_dir(
                     resolve_run_dir(cfg, out, resume, stem), cfg, resuming=state is not None
                 )
+                check_policies(cfg)
                 task = build_task(cfg, "cpu")
                 _check_chunks(cfg, task.flat.nbytes)
                 t.validator.model_numel = task.flat.numel

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import socket
@@ -17,7 +18,7 @@ from ..comm import Kind, Transport
 from ..data import FederatedDataset
 from ..models import build_model
 from ..models.flat import FlatParams
-from ..models.train import local_train
+from ..models.train import evaluate, local_train
 from ..seeding import TRAIN, derive_seed
 from .placement import devices_of_rank, torch_device_for
 from .state import Task
@@ -56,7 +57,12 @@ class Worker:
         self.models: dict[str, tuple[torch.nn.Module, FlatParams]] = {}
         self.global_model = np.zeros(task.flat.numel, np.float32)  # shape/dtype template
         self.versions: dict[int, np.ndarray] = {}  # model version -> parameters
-        self.queue: deque[tuple[int, int, int]] = deque()  # (device, task, version)
+        # (device, task, version, (samples, batch, flags))
+        self.queue: deque[tuple[int, int, int, tuple[int, int, int]]] = deque()
+        self.gated = cfg["algorithm"]["gate"] != "always"
+        self.local: dict[int, _LocalState] = {}  # gated devices between pushes
+        self.gates: dict = {}
+        self.splits: dict = {}
         self.delay_s = cfg["debug"]["delay_s"]
         self._delay_rng = random.SystemRandom()  # deliberately unseeded (a test hook)
         self._free: list[np.ndarray] = []
@@ -152,7 +158,8 @@ class Worker:
                     self.t.release(msg)
                 elif msg.kind == Kind.TRAIN:
                     version = int(msg.aux[0])
-                    if version not in self.versions:
+                    cont = int(msg.aux[3]) & CONTINUE and msg.device in self.local
+                    if not cont and version not in self.versions:
                         log.warning(
                             "rank %d: TRAIN of device %d from model version %d, which never "
                             "came; ignored",
@@ -161,41 +168,70 @@ class Worker:
                             version,
                         )
                         continue
-                    self.queue.append((msg.device, msg.round, version))
+                    spec = (int(msg.aux[1]), int(msg.aux[2]), int(msg.aux[3]))
+                    self.queue.append((msg.device, msg.round, version, spec))
                 else:
                     log.warning("rank %d: ignoring %s", self.rank, msg.kind.name)
             if self.queue:
-                device, task, version = self.queue.popleft()
-                self.train(device, task, version)
+                device, task, version, spec = self.queue.popleft()
+                self.train(device, task, version, *spec)
                 self._forget_versions()
 
     def _forget_versions(self) -> None:
         """Drop model versions no queued task needs (the newest one is kept)."""
         if len(self.versions) <= 1:
             return
-        keep = {v for _, _, v in self.queue}
+        keep = {q[2] for q in self.queue}
+        keep.update(st.base for st in self.local.values())
         keep.add(max(self.versions))
         for v in [v for v in self.versions if v not in keep]:
             self._free.append(self.versions.pop(v))
 
-    def train(self, device: int, task: int, version: int) -> None:
-        """Run one task of ``device`` from model ``version`` and push its delta."""
+    def train(
+        self, device: int, task: int, version: int, samples: int = 0, batch: int = 0, flags=0
+    ) -> None:
+        """Run one task (local iteration) of ``device`` and report it.
+
+        Args:
+            task: the device's task number (seeds its shuffles).
+            version: the model version the task starts from (ignored when ``flags`` has
+                CONTINUE: the device goes on from its own local model).
+            samples: training samples D to use this iteration (0 = all of its training
+                split); a seeded random subset when fewer.
+            batch: mini-batch size b (0 = ``train.batch_size``).
+            flags: CONTINUE (1): keep training the local model; FORCE_PUSH (2): push now.
+
+        With ``algorithm.gate = "always"`` every task ends with an UPDATE (the delta from
+        the starting model). With a gate (HermesGUP) the device evaluates its held-out local
+        loss after the iteration and either pushes its accumulated delta since it last got
+        the global model (UPDATE) or reports the iteration without a payload (REPORT).
+        """
         self.doing = f"training device {device} (task {task}, model version {version})"
         if self.delay_s:
             time.sleep(self._delay_rng.random() * self.delay_s)
         c = self.cfg["train"]
         dev = self.torch_dev[device]
         model, flat = self._model_on(dev)
-        start = self.versions[version]
-        flat.from_host(start)
+        st = self.local.get(device) if flags & CONTINUE else None
+        if st is None:
+            st = _LocalState(version, self.versions[version].copy() if self.gated else None)
+            if self.gated:
+                self.local[device] = st
+                self._gate(device).on_model_received()
+        flat.from_host(st.params if self.gated else self.versions[version])
+        train_ds, holdout = self._split(device)
+        if 0 < samples < len(train_ds):
+            g = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, task, SUBSET))
+            idx = torch.randperm(len(train_ds), generator=g)[:samples].sort().values
+            train_ds = torch.utils.data.Subset(train_ds, idx.tolist())
         gen = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, task, TRAIN))
         t0 = time.perf_counter()
         loss, _ = local_train(
             model,
-            self.data.train(device),
+            train_ds,
             epochs=c["local_epochs"],
             steps=c["local_steps"],
-            batch_size=c["batch_size"],
+            batch_size=batch or c["batch_size"],
             lr=c["lr"],
             momentum=c["momentum"],
             weight_decay=c["weight_decay"],
@@ -206,10 +242,31 @@ class Worker:
         if dev.startswith("cuda"):
             torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - t0
+        n_used = len(train_ds)
+        if self.gated:
+            np.copyto(st.params, flat.to_host())
+            st.iterations += 1
+            with torch.no_grad():
+                hold_loss = evaluate(model, holdout, self.data.info.task, device=dev)[0]
+            gate = self._gate(device)
+            push = gate.observe(hold_loss) or bool(flags & FORCE_PUSH)
+            cap = self.cfg["hermes"]["max_local_iterations"]
+            push = push or (cap > 0 and st.iterations >= cap)
+            if not push:
+                last = gate.last
+                z = float(getattr(last, "score", 0.0) or 0.0) if last is not None else 0.0
+                z = z if math.isfinite(z) else 0.0
+                self.t.send(
+                    0, Kind.REPORT, device=device, round=task,
+                    aux=(float(n_used), float(hold_loss), seconds, z),
+                )  # fmt: skip
+                return
+            loss = hold_loss
+            del self.local[device]
+        start = self.versions[st.base]
         delta = self._free.pop() if self._free else np.empty_like(self.global_model)
-        np.subtract(flat.to_host(), start, out=delta)
-        samples = self.data.num_samples(device)
-        aux = (float(samples), float(loss), seconds, float(version))
+        np.subtract(st.params if self.gated else flat.to_host(), start, out=delta)
+        aux = (float(self.data.num_samples(device)), float(loss), seconds, float(st.iterations))
         if self._inject:
             self._forge(device, task, delta, aux)
         seq = self.t.send(
@@ -226,6 +283,31 @@ class Worker:
             junk = np.full_like(delta, 1e6)
             self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux, payload=junk, seq=seq)
             self._inject_done.discard("duplicate")
+
+    def _gate(self, device: int):
+        if device not in self.gates:
+            from ..policies.gate import make_gate
+
+            self.gates[device] = make_gate(self.cfg["algorithm"]["gate"], self.cfg["hermes"])
+        return self.gates[device]
+
+    def _split(self, device: int):
+        """(training split, held-out split) of ``device``; the held-out part (a seeded
+        ``hermes.holdout_fraction`` of its samples) exists only when a gate needs it."""
+        if device in self.splits:
+            return self.splits[device]
+        ds = self.data.train(device)
+        if not self.gated or len(ds) < 2:
+            out = (ds, ds)
+        else:
+            n = len(ds)
+            h = min(n - 1, max(1, int(round(self.cfg["hermes"]["holdout_fraction"] * n))))
+            g = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, HOLDOUT))
+            perm = torch.randperm(n, generator=g).tolist()
+            sub = torch.utils.data.Subset
+            out = (sub(ds, sorted(perm[h:])), sub(ds, sorted(perm[:h])))
+        self.splits[device] = out
+        return out
 
     def _forge(self, device: int, round_: int, delta: np.ndarray, aux: tuple) -> None:
         """Debug hook (config ``debug.inject``): send malformed messages once, on rank 1."""
@@ -264,6 +346,23 @@ class Worker:
         self._inject_done = set(self._inject)
         self._inject = []
         self.t.wait_sends()
+
+
+CONTINUE = 1  # TRAIN flags (aux[3])
+FORCE_PUSH = 2
+SUBSET = 3  # derive_seed purposes of the worker's own streams
+HOLDOUT = 4
+
+
+class _LocalState:
+    """A gated device between pushes: its local model and the version it started from."""
+
+    __slots__ = ("base", "params", "iterations")
+
+    def __init__(self, base: int, params: np.ndarray | None) -> None:
+        self.base = base
+        self.params = params
+        self.iterations = 0
 
 
 def error_payload(text: str) -> np.ndarray:

@@ -72,6 +72,8 @@ def plan_task(
     bytes_up: int,
     samples: int,
     reference_s_per_sample: float,
+    download: bool = True,
+    upload: bool = True,
 ) -> TaskPlan:
     """Plan a task dispatched at ``now`` (virtual seconds).
 
@@ -80,11 +82,14 @@ def plan_task(
         samples: training samples the task processes (epochs x local samples, or steps x
             batch); its compute time is ``profile.compute_s(samples, ...)`` times the
             device's seeded jitter for this task.
+        download / upload: False when the task has no download (a gated device continuing
+            from its own model) or no upload yet (it is planned when the device pushes);
+            ``arrive`` is then the end of the compute.
     """
-    model_at = now + profile.down_s(bytes_down)
+    model_at = now + profile.down_s(bytes_down) if download else now
     factor = jitter_factor(profile, seed, device, task)
     compute_end = model_at + profile.compute_s(samples, reference_s_per_sample, factor)
-    arrive = compute_end + profile.up_s(bytes_up)
+    arrive = compute_end + profile.up_s(bytes_up) if upload else compute_end
     crash = profile.failure.crash_time(seed, device)
     offline = profile.availability.online_until(now, seed, device)
     lost_at, reason = math.inf, ""

@@ -1,0 +1,37 @@
+"""Build the configured policy objects (and so validate their config before a run)."""
+
+from __future__ import annotations
+
+from ..policies.aggregation import Aggregator, make_aggregator
+
+
+def make_update_aggregator(cfg: dict, num_devices: int) -> Aggregator:
+    """The aggregator named by ``algorithm.aggregation`` with its options."""
+    name = cfg["algorithm"]["aggregation"]
+    if name in ("loss-weighted", "loss-softmax"):
+        from ..policies.loss_weighted import make_loss_aggregator
+
+        return make_loss_aggregator(name, cfg["hermes"])
+    return make_aggregator(name, expected_updates=num_devices, **cfg["robust"])
+
+
+def check_policies(cfg: dict) -> None:
+    """Construct every configured policy once, so bad parameters fail with a one-line
+    ConfigError naming the key before any MPI rank starts."""
+    from ..policies.allocation import make_allocator
+    from ..policies.consistency import make_consistency
+    from ..policies.gate import make_gate
+
+    n = cfg["fleet"]["devices"]
+    make_update_aggregator(cfg, n)
+    make_gate(cfg["algorithm"]["gate"], cfg["hermes"])
+    make_allocator(cfg["algorithm"]["allocation"], cfg["allocation"], cfg["train"]["local_epochs"])
+    make_consistency(cfg, {d: 1 for d in range(n)})
+    if cfg["algorithm"]["residual"] == "gddr":
+        from ..policies.residual import GDDRResidual
+
+        g = cfg["gddr"]
+        GDDRResidual(
+            1, 0, cfg["seed"], alpha=g["alpha"], tau=g["tau"], installments=g["installments"],
+            installment_ratio=g["installment_ratio"],
+        )  # fmt: skip
