@@ -104,9 +104,8 @@ def _stem(config: str | None) -> str:
 def preflight(cfg: dict) -> None:
     """Build the data source and model once here, so a bad plug-in, missing file or bad
     model argument fails with one line before any MPI rank starts."""
-    from .runtime.state import build_task
-
     from .runtime.policies import check_policies
+    from .runtime.state import build_task
 
     check_policies(cfg)
     task = build_task(cfg, "cpu")

@@ -2,7 +2,8 @@
 
 All ranks live in one process (typically one thread each) and share a :class:`Fabric`.
 Messages are copied on send, as a network would, and go through the same decode/validate
-path as the MPI transport.
+path as the MPI transport. :meth:`Fabric.kill` simulates a rank dying: the others find it in
+:attr:`~edgefl.comm.transport.Transport.failed` at their next poll, as under ULFM.
 """
 
 from __future__ import annotations
@@ -34,11 +35,24 @@ class Fabric:
             (s, d): deque() for s in range(size) for d in range(size) if s != d
         }
         self.lock = threading.Lock()
+        self.dead: set[int] = set()
 
     def inject(self, src: int, dest: int, header: np.ndarray, payload: bytes | None) -> None:
-        """Put raw bytes on the wire (tests use this to forge malformed messages)."""
+        """Put raw bytes on the wire (tests use this to forge malformed messages). Messages
+        from or to a killed rank vanish."""
         with self.lock:
+            if src in self.dead or dest in self.dead:
+                return
             self.queues[(src, dest)].append((np.asarray(header, np.uint8).copy(), payload))
+
+    def kill(self, rank: int) -> None:
+        """Simulate ``rank`` dying: what it sent and nobody received yet is lost, and every
+        other rank's transport reports it failed at its next poll."""
+        with self.lock:
+            self.dead.add(rank)
+            for (s, d), q in self.queues.items():
+                if s == rank or d == rank:
+                    q.clear()
 
 
 class LoopbackTransport(Transport):
@@ -61,9 +75,14 @@ class LoopbackTransport(Transport):
         return None
 
     def _poll_once(self) -> list[Message]:
+        if self.fabric.dead:
+            with self.fabric.lock:
+                dead = self.fabric.dead - self.failed
+            if dead:
+                self._mark_failed(dead, "killed (loopback)")
         out = []
         for src in range(self.size):
-            if src == self.rank:
+            if src == self.rank or src in self.failed:
                 continue
             q = self.fabric.queues[(src, self.rank)]
             while True:

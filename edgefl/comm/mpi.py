@@ -6,6 +6,15 @@ starves high ranks. Payloads travel as raw buffers (uppercase calls), split into
 most ``chunk_bytes`` so MPI's int counts never overflow, on a tag derived from the sequence
 number (modulo 16384): with MPI's in-order delivery per (source, tag), a payload left behind
 by a rejected header is drained and cannot be taken for the next message's.
+
+Failures (ULFM, Open MPI 5 run with ``mpiexec --with-ft ulfm``): a killed peer surfaces as an
+error of class ``MPI_ERR_PROC_FAILED`` on the requests involving it, first on the header
+receive pre-posted from it (tens of milliseconds after the kill). The transport then
+acknowledges the failures (``Comm.Ack_failed``), reads the whole failed group
+(``Comm.Get_failed``), stops receiving from those ranks and drops sends to them, and goes on
+serving the others. Sends already in flight to a dead rank may never complete (a rendezvous
+send is neither finished nor failed by Open MPI): their buffers are kept referenced, never
+waited for, and their ``release`` callbacks are called at once.
 """
 
 from __future__ import annotations
@@ -30,6 +39,12 @@ from .wire import (
 )
 
 TAG_HEADER = 1
+# error classes that mean "a process involved died" (ULFM; absent names map to nothing)
+_FAILURE_CLASSES = frozenset(
+    getattr(MPI, name)
+    for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+    if isinstance(getattr(MPI, name, None), int)
+)
 _F32 = int(DType.FLOAT32)
 _F32_NP = np.dtype(np.float32)
 TAG_DATA_BASE = 16
@@ -39,6 +54,18 @@ TAG_DATA_SPAN = 1 << 14  # data tags lie in [16, 16 + 16384): within MPI's guara
 def data_tag(seq: int) -> int:
     """The MPI tag of a message's payload chunks (derived from its sequence number)."""
     return TAG_DATA_BASE + (seq % TAG_DATA_SPAN)
+
+
+def is_failure(e: MPI.Exception) -> bool:
+    """Whether an MPI error means a process involved has died (ULFM error classes)."""
+    return e.Get_error_class() in _FAILURE_CLASSES
+
+
+def _error_class(code: int) -> int:
+    try:
+        return MPI.Get_error_class(code)
+    except MPI.Exception:
+        return code
 
 
 class MPITransport(Transport):
@@ -78,77 +105,212 @@ class MPITransport(Transport):
         self.peers = (
             list(peers) if peers is not None else [r for r in range(self.size) if r != self.rank]
         )
+        self._index = {p: i for i, p in enumerate(self.peers)}
         self._hbuf = [np.empty(HEADER_BYTES, np.uint8) for _ in self.peers]
-        self._hreq = [self._post_header(i) for i in range(len(self.peers))]
+        self._hstat = [MPI.Status() for _ in self.peers]
         self._status = MPI.Status()
-        # pending sends: (requests, keep-alive buffers, release callback)
-        self._pending: list[tuple[list[MPI.Request], tuple, Callable[[], None] | None]] = []
+        # pending sends: (requests, keep-alive buffers, release callback, destination)
+        self._pending: list[tuple[list[MPI.Request], tuple, Callable[[], None] | None, int]] = []
+        # sends to dead ranks: kept referenced (MPI may still hold their buffers), never waited
+        self._abandoned: list[tuple[list[MPI.Request], tuple]] = []
+        self._ulfm = True  # False once the library turned out not to offer Ack/Get_failed
         self._closed = False
         self._repost: list[int] = []
+        self._hreq = [self._post_header(i) for i in range(len(self.peers))]
 
     # -- sending ------------------------------------------------------------------------
     def _send(self, dest, kind, device, seq, round_, vtime, aux, payload, release) -> None:
         header = pack_header(kind, device, seq, round_, vtime, payload, aux, self.chunk_bytes)
-        reqs = [self.comm.Isend([header, MPI.BYTE], dest, TAG_HEADER)]
-        nbytes = HEADER_BYTES
-        if payload is not None:
-            tag = data_tag(seq)
-            if payload.nbytes <= self.chunk_bytes:
-                reqs.append(self.comm.Isend([payload, MPI.BYTE], dest, tag))
-            else:
-                raw = payload.view(np.uint8)
-                for start in range(0, raw.size, self.chunk_bytes):
-                    piece = raw[start : start + self.chunk_bytes]
-                    reqs.append(self.comm.Isend([piece, MPI.BYTE], dest, tag))
-            nbytes += payload.nbytes
-        self._pending.append((reqs, (header, payload), release))
+        reqs: list[MPI.Request] = []
+        try:
+            reqs.append(self.comm.Isend([header, MPI.BYTE], dest, TAG_HEADER))
+            if payload is not None:
+                tag = data_tag(seq)
+                if payload.nbytes <= self.chunk_bytes:
+                    reqs.append(self.comm.Isend([payload, MPI.BYTE], dest, tag))
+                else:
+                    raw = payload.view(np.uint8)
+                    for start in range(0, raw.size, self.chunk_bytes):
+                        piece = raw[start : start + self.chunk_bytes]
+                        reqs.append(self.comm.Isend([piece, MPI.BYTE], dest, tag))
+        except MPI.Exception as e:
+            if not is_failure(e):
+                raise
+            self._abandon(reqs, (header, payload), release)
+            self._refresh_failures([dest], f"send failed: {e.Get_error_string()}")
+            log.debug("rank %d: dropped kind %d to dead rank %d", self.rank, kind, dest)
+            return
+        nbytes = HEADER_BYTES + (0 if payload is None else payload.nbytes)
+        self._pending.append((reqs, (header, payload), release, dest))
         self.stats.msgs_sent[dest] += 1
         self.stats.bytes_sent[dest] += nbytes
         if len(self._pending) > 64:
             self._reap()
 
+    def _abandon(self, reqs, bufs, release) -> None:
+        """Give up a send to a dead rank: release it now, keep its buffers referenced."""
+        self._abandoned.append((reqs, bufs))
+        if release is not None:
+            release()
+
     def _reap(self) -> None:
-        still = []
-        for reqs, bufs, release in self._pending:
-            if MPI.Request.Testall(reqs):
+        """Finish the completed sends; abandon those to dead ranks."""
+        pending, self._pending = self._pending, []
+        for entry in pending:
+            reqs, bufs, release, dest = entry
+            if dest in self.failed:
+                self._abandon(reqs, bufs, release)
+                continue
+            try:
+                done = MPI.Request.Testall(reqs)
+            except MPI.Exception as e:
+                if not is_failure(e) and e.Get_error_class() != MPI.ERR_IN_STATUS:
+                    raise
+                self._abandon(reqs, bufs, release)
+                self._refresh_failures([dest], f"send failed: {e.Get_error_string()}")
+                continue
+            if done:
                 if release is not None:
                     release()
             else:
-                still.append((reqs, bufs, release))
-        self._pending = still
+                self._pending.append(entry)
 
     def wait_sends(self) -> None:
-        for reqs, _bufs, release in self._pending:
-            MPI.Request.Waitall(reqs)
-            if release is not None:
-                release()
-        self._pending = []
+        """Wait for every pending send, except those to ranks found dead meanwhile (a send
+        to a dead rank may never complete: checks for failures while waiting)."""
+        sleep = self.poll_min_s
+        while self._pending:
+            self._reap()
+            if not self._pending:
+                return
+            self._refresh_failures()
+            self._check_liveness()
+            time.sleep(sleep)
+            sleep = min(sleep * 2, self.poll_max_s)
+
+    # -- failures -----------------------------------------------------------------------
+    def _refresh_failures(self, seen: Sequence[int] = (), reason: str = "") -> list[int]:
+        """Acknowledge the failures the library knows of and record them with the ranks
+        ``seen`` failing; returns the newly dead ranks."""
+        ranks = set(seen)
+        if self._ulfm:
+            try:
+                self.comm.Ack_failed()
+                group = self.comm.Get_failed()
+                try:
+                    ranks.update(
+                        MPI.Group.Translate_ranks(
+                            group, list(range(group.Get_size())), self.comm.Get_group()
+                        )
+                    )
+                finally:
+                    if group != MPI.GROUP_EMPTY:
+                        group.Free()
+            except (NotImplementedError, MPI.Exception) as e:
+                log.debug("rank %d: no ULFM failure queries (%s)", self.rank, e)
+                self._ulfm = False
+        ranks.discard(MPI.UNDEFINED)
+        return self._mark_failed(sorted(ranks), reason or "process failure reported by MPI")
+
+    def _forget(self, ranks: list[int]) -> None:
+        for r in ranks:
+            i = self._index.get(r)
+            if i is None:
+                continue
+            if i in self._repost:
+                self._repost.remove(i)
+            req = self._hreq[i]
+            if req:
+                try:
+                    req.Cancel()
+                    req.Wait()
+                except MPI.Exception:
+                    pass  # completed in error: nothing left to cancel
+            self._hreq[i] = MPI.REQUEST_NULL
+        if any(dest in self.failed for *_, dest in self._pending):
+            self._reap()
 
     # -- receiving ----------------------------------------------------------------------
     def _post_header(self, i: int) -> MPI.Request:
-        return self.comm.Irecv([self._hbuf[i], MPI.BYTE], self.peers[i], TAG_HEADER)
+        try:
+            return self.comm.Irecv([self._hbuf[i], MPI.BYTE], self.peers[i], TAG_HEADER)
+        except MPI.Exception as e:
+            if not is_failure(e) or self._closed:
+                raise
+            self._hreq[i] = MPI.REQUEST_NULL
+            self._refresh_failures([self.peers[i]])
+            return MPI.REQUEST_NULL
 
     def _poll_once(self) -> list[Message]:
         if self._pending:
             self._reap()
         if self._repost:  # header receives consumed by the previous poll
-            for i in self._repost:
-                self._hreq[i] = self._post_header(i)
-            self._repost = []
-        if len(self._hreq) == 1:  # a single peer: a plain Test is cheaper than Testsome
-            done = [0] if self._hreq[0].Test() else None
-        else:
-            done = MPI.Request.Testsome(self._hreq)
+            repost, self._repost = self._repost, []
+            for i in repost:
+                if self.peers[i] not in self.failed:
+                    self._hreq[i] = self._post_header(i)
+        try:
+            if len(self._hreq) == 1:  # a single peer: a plain Test is cheaper than Testsome
+                done = [0] if self._hreq[0] and self._hreq[0].Test() else None
+            else:
+                done = MPI.Request.Testsome(self._hreq, self._hstat)
+        except MPI.Exception as e:
+            done = self._sort_out(e)
         if not done:
             return []
         out = []
         for i in sorted(done):
             # re-posted at the next poll, off the path between arrival and the caller
             self._repost.append(i)
-            msg = self._receive(self.peers[i], self._hbuf[i])
+            src = self.peers[i]
+            try:
+                msg = self._receive(src, self._hbuf[i])
+            except MPI.Exception as e:  # the sender died while its payload was on the way
+                if not is_failure(e):
+                    raise
+                self._refresh_failures([src], "died while sending")
+                continue
             if msg is not None:
                 out.append(msg)
         return out
+
+    def _sort_out(self, e: MPI.Exception) -> list[int]:
+        """After an error testing the header receives: the indices that completed fine.
+
+        The requests that completed (in error or not) are those now null whose rank is not
+        known dead; the statuses of a failed Testsome describe them in index order.
+        """
+        cls = e.Get_error_class()
+        if cls not in _FAILURE_CLASSES and cls != MPI.ERR_IN_STATUS:
+            raise e
+        if len(self._hreq) == 1:
+            errors = {0: cls}
+        else:
+            finished = [
+                i
+                for i, req in enumerate(self._hreq)
+                if not req and self.peers[i] not in self.failed
+            ]
+            errors = {}
+            for i, st in zip(finished, self._hstat, strict=False):
+                src = st.Get_source()
+                code = _error_class(st.Get_error())
+                if src == self.peers[i] or src in (MPI.ANY_SOURCE, MPI.PROC_NULL):
+                    errors[i] = code
+                else:  # unexpected order: trust the source the status names
+                    errors[self._index.get(src, i)] = code
+        done, dead = [], []
+        for i, code in errors.items():
+            if code == MPI.SUCCESS:
+                done.append(i)
+            elif code in _FAILURE_CLASSES:
+                dead.append(self.peers[i])
+            else:  # e.g. a header longer than 80 bytes (ERR_TRUNCATE): drop it, listen again
+                self._repost.append(i)
+                self.reject(self.peers[i], f"header receive failed: MPI error class {code}")
+        self._refresh_failures(dead)
+        # a header that arrived before its sender died is still read: its payload may be here
+        return done
 
     def _receive(self, src: int, raw: np.ndarray) -> Message | None:
         code, nchunks, seq, nbytes = peek_payload(raw)
@@ -267,19 +429,34 @@ class MPITransport(Transport):
             m.Recv([np.empty(status.Get_count(MPI.BYTE), np.uint8), MPI.BYTE])
 
     def close(self) -> None:
+        """Cancel the posted header receives, then wait for the pending sends except those to
+        dead ranks. Never raises nor hangs because a peer died."""
         if self._closed:
             return
         self._closed = True
         for i in self._repost:
             self._hreq[i] = MPI.REQUEST_NULL
+        self._repost = []
+        dead = []
+        for i, req in enumerate(self._hreq):
+            if not req:
+                continue
+            try:
+                req.Cancel()
+                req.Wait()
+            except MPI.Exception as e:  # a peer died (ULFM): nothing left to drain from it
+                if is_failure(e):
+                    dead.append(self.peers[i])
+                else:
+                    log.warning("rank %d: closing after a communication error: %s", self.rank, e)
+            self._hreq[i] = MPI.REQUEST_NULL
         try:
-            for req in self._hreq:
-                if req != MPI.REQUEST_NULL:
-                    req.Cancel()
-            MPI.Request.Waitall(self._hreq)
+            if dead:
+                self._refresh_failures(dead)
             self.wait_sends()
-        except MPI.Exception as e:  # a peer died (ULFM): nothing left to drain from it
-            log.warning("rank %d: closing after a communication failure: %s", self.rank, e)
+        except MPI.Exception as e:
+            log.warning("rank %d: closing after a communication error: %s", self.rank, e)
+        self._abandoned = []
 
 
 def world_info() -> tuple[int, int, int]:

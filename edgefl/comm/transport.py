@@ -3,6 +3,12 @@
 A transport moves :class:`~edgefl.comm.wire.Message` objects between ranks. Sends are
 non-blocking and zero-copy: the payload array must not be modified until the send completed
 (``release`` is called then, or :meth:`Transport.wait_sends` returns). Receives are polled.
+
+Failures: a rank found dead (by the MPI library under ULFM, by a time-out through an attached
+:class:`~edgefl.comm.liveness.Liveness`, or declared by the caller) joins
+:attr:`Transport.failed`; :meth:`Transport.take_failures` hands each such rank out once. From
+then on nothing is received from it and sends to it are dropped; ``poll``, ``wait_sends``
+and ``close`` never raise or hang because of it (docs/fault-tolerance.md).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .liveness import Liveness
 from .wire import HEADER_BYTES, Header, Kind, Message, Validator
 
 log = logging.getLogger("edgefl.comm")
@@ -63,6 +70,12 @@ class Transport(ABC):
         spin_s: how long a waiting poll re-tests without sleeping before backing off
             (seconds). A short spin catches replies that are already on their way; Linux
             sleeps at least ~60 us however short the request, which would dominate.
+
+    Attributes:
+        failed: ranks known to be dead (never shrinks).
+        liveness: optional time-out detector (default None). When set, every message
+            received (also a rejected one) counts as a sign of life, and ``poll`` declares
+            the ranks it reports overdue failed (checked at most every ``timeout_s / 8``).
     """
 
     def __init__(
@@ -83,6 +96,53 @@ class Transport(ABC):
         self.pool = BufferPool()
         self.stats = Stats()
         self._seq: dict[tuple[int, int, int], int] = defaultdict(int)
+        self.failed: set[int] = set()
+        self._new_failures: list[int] = []
+        self.liveness: Liveness | None = None
+        self._next_liveness_check = 0.0
+
+    # -- failures ----------------------------------------------------------------------
+    def take_failures(self) -> list[int]:
+        """Ranks found dead since the last call, sorted; each dead rank is reported once."""
+        out = sorted(set(self._new_failures))
+        self._new_failures = []
+        return out
+
+    def declare_failed(self, rank: int, reason: str = "declared failed") -> bool:
+        """Treat ``rank`` as dead from now on (e.g. after a heartbeat time-out): stop
+        receiving from it, drop sends to it, report it through :meth:`take_failures`.
+        Returns True if it was not already known dead. Ignores this rank itself."""
+        return bool(self._mark_failed([rank], reason))
+
+    def _mark_failed(self, ranks, reason: str) -> list[int]:
+        """Record newly dead ranks (others ignored), log them, let the subclass forget them."""
+        new = sorted({int(r) for r in ranks if 0 <= r < self.size and r != self.rank} - self.failed)
+        if not new:
+            return []
+        self.failed.update(new)
+        self._new_failures.extend(new)
+        for r in new:
+            log.warning("rank %d: rank %d failed (%s)", self.rank, r, reason)
+        if self.liveness is not None:
+            for r in new:
+                self.liveness.forget(r)
+        self._forget(new)
+        return new
+
+    def _forget(self, ranks: list[int]) -> None:
+        """Stop serving dead ``ranks``: cancel receives from them, drop sends to them."""
+
+    def _check_liveness(self) -> None:
+        """Declare failed the ranks the attached :class:`Liveness` reports overdue."""
+        lv = self.liveness
+        if lv is None:
+            return
+        now = time.monotonic()
+        if now < self._next_liveness_check:
+            return
+        self._next_liveness_check = now + lv.timeout_s / 8
+        for r in lv.overdue(now):
+            self._mark_failed([r], f"silent for more than {lv.timeout_s:g} s")
 
     def next_seq(self, dest: int, device: int, kind: Kind) -> int:
         """Next sequence number for (dest, device, kind), starting at 1."""
@@ -107,12 +167,18 @@ class Transport(ABC):
 
         ``payload`` is sent without copying: leave it untouched until ``release`` is called
         (or :meth:`wait_sends`). ``seq`` overrides the automatic sequence number (used to
-        re-deliver a message, which the receiver then ignores).
+        re-deliver a message, which the receiver then ignores). A send to a rank in
+        :attr:`failed` is dropped (logged at debug level; ``release`` is called at once).
         """
-        if payload is not None and (payload.ndim != 1 or not payload.flags.c_contiguous):
-            payload = np.ascontiguousarray(payload).reshape(-1)
         if seq is None:
             seq = self.next_seq(dest, device, kind)
+        if dest in self.failed:
+            log.debug("rank %d: dropped kind %d to dead rank %d", self.rank, int(kind), dest)
+            if release is not None:
+                release()
+            return seq
+        if payload is not None and (payload.ndim != 1 or not payload.flags.c_contiguous):
+            payload = np.ascontiguousarray(payload).reshape(-1)
         self._send(
             dest, int(kind), int(device), seq, int(round), float(vtime), aux, payload, release
         )
@@ -127,14 +193,20 @@ class Transport(ABC):
 
     @abstractmethod
     def wait_sends(self) -> None:
-        """Block until every send started so far completed (buffers may then be reused)."""
+        """Block until every send started so far completed (buffers may then be reused).
+
+        Sends to ranks that die meanwhile are dropped instead of waited for."""
 
     def poll(self, timeout: float = 0.0) -> list[Message]:
         """Return the messages that arrived, waiting up to ``timeout`` seconds for at least one.
 
         Waiting sleeps with exponential back-off between ``poll_min_s`` and ``poll_max_s``
-        so an idle rank does not burn a core.
+        so an idle rank does not burn a core. A waiting poll also returns (empty) as soon as
+        a rank is found dead, so the caller can look at :meth:`take_failures`. Never raises
+        because a peer died.
         """
+        known = len(self.failed)
+        self._check_liveness()
         msgs = self._poll_once()
         if msgs or timeout <= 0:
             return msgs
@@ -143,7 +215,7 @@ class Transport(ABC):
         spin_until = start + min(self.spin_s, timeout)
         while time.monotonic() < spin_until:
             msgs = self._poll_once()
-            if msgs:
+            if msgs or len(self.failed) != known:
                 return msgs
         sleep = self.poll_min_s
         while True:
@@ -152,8 +224,9 @@ class Transport(ABC):
                 return []
             time.sleep(min(sleep, deadline - now))
             sleep = min(sleep * 2, self.poll_max_s)
+            self._check_liveness()
             msgs = self._poll_once()
-            if msgs:
+            if msgs or len(self.failed) != known:
                 return msgs
 
     def release(self, msg: Message) -> None:
@@ -170,6 +243,8 @@ class Transport(ABC):
         self, src: int, h: Header, kind: Kind, payload: np.ndarray | None, pooled: bool
     ) -> Message | None:
         """Count a fully received message; None if it is a duplicate (then it is dropped)."""
+        if self.liveness is not None:
+            self.liveness.heard(src, time.monotonic())
         self.stats.msgs_recv[src] += 1
         self.stats.bytes_recv[src] += HEADER_BYTES + h.nbytes
         if self.validator.is_duplicate(src, h):
@@ -193,5 +268,7 @@ class Transport(ABC):
     def reject(self, src: int, reason: str) -> None:
         """Count and log a rejected message from ``src`` (also used by the runtime for
         updates that pass the wire checks but fail content checks, e.g. non-finite values)."""
+        if self.liveness is not None:
+            self.liveness.heard(src, time.monotonic())
         self.stats.rejected[src] += 1
         log.warning("rank %d: rejected message from rank %d: %s", self.rank, src, reason)
