@@ -260,6 +260,14 @@ SCHEMA: dict[str, Any] = {
     },
     "allocation": {
         "warmup": _f(1, "int", "Measurements before a device can be re-allocated.", min=1),
+        "initial_fraction": _f(
+            0.3,
+            "float",
+            "hermes: a device's first D as a fraction of its training samples (room to grow).",
+            min=0.0,
+            max=1.0,
+            exclusive_min=True,
+        ),
         "smoothing": _f(0.3, "float", "EMA weight of the newest step-time estimate (0, 1]."),
         "max_change": _f(0.5, "float", "Largest relative change of D per step (0, 1]."),
         "tolerance": _f(0.1, "float", "Relative distance to T* that counts as on target."),

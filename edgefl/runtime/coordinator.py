@@ -199,8 +199,15 @@ class Coordinator:
         )
         for d in sorted(self.devices):
             cap = self.profiles[d].mem_cap if self.profiles is not None else 0
+            first = None
+            if self.allocating:
+                first = max(1, int(cfg["allocation"]["initial_fraction"] * self.n_train[d]))
             self.allocator.add_device(
-                d, self.n_train[d], memory_cap=cap or None, batch=cfg["train"]["batch_size"] or 32
+                d,
+                self.n_train[d],
+                memory_cap=cap or None,
+                samples=first,
+                batch=cfg["train"]["batch_size"] or 32,
             )
         self.loss_agg = alg["aggregation"] in ("loss-weighted", "loss-softmax")
         self._global_loss: tuple[int, float] | None = None
@@ -458,6 +465,7 @@ class Coordinator:
         if not math.isfinite(seconds) or seconds < 0:
             seconds = 0.0
         self.devices[d]["iterations"] += 1
+        self._period["iterations"] += 1
         self.hermes.record_iteration(d, seconds)
         if pushed:
             self._period.setdefault("pushes", []).append(d)
@@ -641,6 +649,9 @@ class Coordinator:
             "bytes": sum(v["bytes_up"] + v["bytes_down"] for v in self.devices.values()),
             "iteration_time_cv_first": cvs[0] if cvs else None,
             "iteration_time_cv_last": cvs[-1] if cvs else None,
+            # CV across devices of each device's mean over its last 5 iterations (the
+            # per-task jitter of the profiles averages out; what allocation can control)
+            "iteration_time_cv_settled": _settled_cv(self.hermes.times),
             "iteration_time_cv": cvs,
             "allocations": {
                 str(d): [a.samples, a.batch] for d, a in self.allocator.allocations().items()
@@ -713,8 +724,15 @@ class Coordinator:
         self.t.wait_sends()
 
 
+def _settled_cv(times: dict[int, list[float]], last: int = 5) -> float | None:
+    means = [float(np.mean(t[-last:])) for t in times.values() if t]
+    if len(means) < 2 or np.mean(means) <= 0:
+        return None
+    return float(np.std(means) / np.mean(means))
+
+
 def _new_period() -> dict:
-    return {"bytes_up": 0, "bytes_down": 0, "msgs_up": 0, "msgs_down": 0}
+    return {"bytes_up": 0, "bytes_down": 0, "msgs_up": 0, "msgs_down": 0, "iterations": 0}
 
 
 def _sha256(arr: np.ndarray) -> str:
