@@ -437,10 +437,8 @@ class Coordinator:
             up = HEADER_BYTES + a.delta.nbytes
             per_dev[str(a.device)] = {"bytes_up": up, "msgs_up": 1, "time_s": a.seconds}
         row.update(self._period)
-        if self.gated:
-            row["major_updates"] = sorted(row.pop("pushes", []))
-        else:
-            row.pop("pushes", None)
+        if self.gated:  # the pushes (major updates) this version applied
+            row["major_updates"] = sorted(a.device for a in arr)
         self._period = _new_period()
         row["wall_time_s"] = time.monotonic() - self._t0
         row["devices"] = per_dev
@@ -467,8 +465,6 @@ class Coordinator:
         self.devices[d]["iterations"] += 1
         self._period["iterations"] += 1
         self.hermes.record_iteration(d, seconds)
-        if pushed:
-            self._period.setdefault("pushes", []).append(d)
         if self.allocating and seconds > 0:
             self.allocator.update({d: seconds})
 

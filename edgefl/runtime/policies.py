@@ -18,11 +18,17 @@ def make_update_aggregator(cfg: dict, num_devices: int) -> Aggregator:
 def check_policies(cfg: dict) -> None:
     """Construct every configured policy once, so bad parameters fail with a one-line
     ConfigError naming the key before any MPI rank starts."""
+    from ..errors import ConfigError
     from ..policies.allocation import make_allocator
     from ..policies.consistency import make_consistency
     from ..policies.gate import make_gate
 
     n = cfg["fleet"]["devices"]
+    if cfg["algorithm"]["gate"] == "hermes" and not cfg["hermes"]["wait_for_model"]:
+        raise ConfigError(
+            "config key 'hermes.wait_for_model' = false: not supported yet (a device waits "
+            "for the new global model after each push)"
+        )
     make_update_aggregator(cfg, n)
     make_gate(cfg["algorithm"]["gate"], cfg["hermes"])
     make_allocator(cfg["algorithm"]["allocation"], cfg["allocation"], cfg["train"]["local_epochs"])
