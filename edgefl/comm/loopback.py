@@ -77,12 +77,12 @@ class LoopbackTransport(Transport):
     def _poll_once(self) -> list[Message]:
         if self.fabric.dead:
             with self.fabric.lock:
-                dead = self.fabric.dead - self.failed
+                dead = self.fabric.dead - self._dead
             if dead:
                 self._mark_failed(dead, "killed (loopback)")
         out = []
         for src in range(self.size):
-            if src == self.rank or src in self.failed:
+            if src == self.rank or src in self._dead:
                 continue
             q = self.fabric.queues[(src, self.rank)]
             while True:

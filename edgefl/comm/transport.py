@@ -72,7 +72,8 @@ class Transport(ABC):
             sleeps at least ~60 us however short the request, which would dominate.
 
     Attributes:
-        failed: ranks known to be dead (never shrinks).
+        failed: ranks found dead (never shrinks; ranks retired before dying not included).
+        retired: ranks that finished normally (see :meth:`retire`).
         liveness: optional time-out detector (default None). When set, every message
             received (also a rejected one) counts as a sign of life, and ``poll`` declares
             the ranks it reports overdue failed (checked at most every ``timeout_s / 8``).
@@ -97,6 +98,8 @@ class Transport(ABC):
         self.stats = Stats()
         self._seq: dict[tuple[int, int, int], int] = defaultdict(int)
         self.failed: set[int] = set()
+        self.retired: set[int] = set()
+        self._dead: set[int] = set()  # failed or retired: nothing goes to or comes from them
         self._new_failures: list[int] = []
         self.liveness: Liveness | None = None
         self._next_liveness_check = 0.0
@@ -114,12 +117,27 @@ class Transport(ABC):
         Returns True if it was not already known dead. Ignores this rank itself."""
         return bool(self._mark_failed([rank], reason))
 
+    def retire(self, rank: int) -> None:
+        """``rank`` finished its part (e.g. acknowledged STOP): stop receiving from it, drop
+        sends to it, and do not report it when it exits. After a failure, ranks leave without
+        ``MPI_Finalize`` (see :func:`edgefl.comm.mpi.finalize`), which ULFM reports to the
+        ranks still running exactly like a crash."""
+        if rank == self.rank or rank in self._dead or not 0 <= rank < self.size:
+            return
+        self.retired.add(rank)
+        self._dead.add(rank)
+        if self.liveness is not None:
+            self.liveness.forget(rank)
+        self._forget([rank])
+
     def _mark_failed(self, ranks, reason: str) -> list[int]:
-        """Record newly dead ranks (others ignored), log them, let the subclass forget them."""
-        new = sorted({int(r) for r in ranks if 0 <= r < self.size and r != self.rank} - self.failed)
+        """Record newly dead ranks (others, retired ones included, ignored), log them, let
+        the subclass forget them."""
+        new = sorted({int(r) for r in ranks if 0 <= r < self.size and r != self.rank} - self._dead)
         if not new:
             return []
         self.failed.update(new)
+        self._dead.update(new)
         self._new_failures.extend(new)
         for r in new:
             log.warning("rank %d: rank %d failed (%s)", self.rank, r, reason)
@@ -168,11 +186,12 @@ class Transport(ABC):
         ``payload`` is sent without copying: leave it untouched until ``release`` is called
         (or :meth:`wait_sends`). ``seq`` overrides the automatic sequence number (used to
         re-deliver a message, which the receiver then ignores). A send to a rank in
-        :attr:`failed` is dropped (logged at debug level; ``release`` is called at once).
+        :attr:`failed` or :attr:`retired` is dropped (logged at debug level; ``release`` is
+        called at once).
         """
         if seq is None:
             seq = self.next_seq(dest, device, kind)
-        if dest in self.failed:
+        if dest in self._dead:
             log.debug("rank %d: dropped kind %d to dead rank %d", self.rank, int(kind), dest)
             if release is not None:
                 release()

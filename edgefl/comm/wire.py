@@ -51,6 +51,7 @@ class Kind(enum.IntEnum):
     HEARTBEAT = 8  # both: liveness, no payload
     REPORT = 9  # up: a local iteration ended without a push; aux = (samples, loss, seconds, z)
     GRADS = 10  # up: per-example gradients (or sketches) of a task, float32 (CD-GraB)
+    RESIDUAL = 11  # up: GDDR-released values + the update's norm (float32); aux[3] = tau
 
 
 class DType(enum.IntEnum):
@@ -105,6 +106,7 @@ SPECS: dict[Kind, KindSpec] = {
     Kind.HEARTBEAT: KindSpec("both", frozenset({DType.NONE}), "none"),
     Kind.REPORT: KindSpec("up", frozenset({DType.NONE}), "none"),
     Kind.GRADS: KindSpec("up", frozenset({DType.FLOAT32}), "any"),
+    Kind.RESIDUAL: KindSpec("up", frozenset({DType.FLOAT32}), "any"),
 }
 
 

@@ -210,6 +210,17 @@ class Coordinator:
                 batch=cfg["train"]["batch_size"] or 32,
             )
         self.loss_agg = alg["aggregation"] in ("loss-weighted", "loss-softmax")
+        self.gddr = alg["residual"] == "gddr"
+        if self.gddr:
+            from ..policies.replay import ResidualReplay
+            from ..policies.tau import make_tau_controller
+
+            g = cfg["gddr"]
+            self.decoders: dict = {}
+            self.tauc = make_tau_controller(g["adaptive"], g["tau"], g["tau_min"], g["tau_max"])
+            self.replay = ResidualReplay(decay=g["replay_decay"], steps=g["replay_steps"])
+            self._norms: list[float] = []
+            self.gddr_stats = {"messages": 0, "values": 0, "replays": [], "replay_errors": []}
         self._global_loss: tuple[int, float] | None = None
 
     def _calibrate(self) -> float:
@@ -265,6 +276,17 @@ class Coordinator:
                 self.ev.schedule(back, ONLINE, d)
         return False
 
+    def _dead(self, d: int, now: float) -> bool:
+        """Has device ``d`` died (crashed) by ``now``? (virtual clock: from its profile)"""
+        if d in self.failed:
+            return True
+        if self.virtual:
+            crash = self.profiles[d].failure.crash_time(self.cfg["seed"], d)
+            if crash <= now:
+                self.failed[d] = crash
+                return True
+        return False
+
     def _dispatch(self, d: int, now: float) -> None:
         """Start a new task of ``d`` from the current model (model download + TRAIN)."""
         task = self._next_task(d)
@@ -307,6 +329,8 @@ class Coordinator:
     def _send_train(self, d: int, task: int, now: float, flags: int) -> None:
         a = self.allocator.allocation(d) if self.allocating else None
         samples, batch = (a.samples, a.batch) if a is not None else (0, 0)
+        if self.gddr:
+            flags |= self.tauc.tau << 8
         aux = (float(self.version), float(samples), float(batch), float(flags))
         self.t.send(self.devices[d]["rank"], Kind.TRAIN, device=d, round=task, vtime=now, aux=aux)
 
@@ -393,6 +417,13 @@ class Coordinator:
             base = self.bases[a.base_version]
             self.global_model *= np.float32(1.0) - alpha
             self.global_model += alpha * (base + a.delta)
+        if self.gddr:
+            for amt in self.replay.next_amounts():
+                w = self.policy.weight(amt.device)
+                self.global_model[amt.indices] += (lr * w * amt.values).astype(np.float32)
+            if self._norms:
+                self.tauc.update(self._norms)
+                self._norms = []
         self.version += 1
         for a in arr:
             st = self.version - 1 - a.base_version
@@ -468,6 +499,49 @@ class Coordinator:
         if self.allocating and seconds > 0:
             self.allocator.update({d: seconds})
 
+    def _decode_residual(self, d: int, msg: Message) -> tuple[np.ndarray | None, str]:
+        """GDDR: the dense update of a RESIDUAL message (released values + norm)."""
+        from ..policies.residual import ReleaseDecoder
+
+        dec = self.decoders.get(d)
+        if dec is None:
+            g = self.cfg["gddr"]
+            dec = self.decoders[d] = ReleaseDecoder(
+                self.global_model.size, d, self.cfg["seed"], alpha=g["alpha"]
+            )
+        values, norm = msg.payload[:-1], float(msg.payload[-1])
+        try:
+            dense = dec.decode(dec.last_step + 1, int(msg.aux[3]), values)
+        except ValueError as e:
+            return None, f"GDDR message of device {d}: {e}"
+        self.gddr_stats["messages"] += 1
+        self.gddr_stats["values"] += int(values.size)
+        self._norms.append(norm)
+        return dense, ""
+
+    def _start_replay(self, d: int, now: float) -> None:
+        """GDDR: device ``d`` died; fold its last residual checkpoint back in over the next
+        steps. A missing or corrupt checkpoint is logged and the run goes on without it."""
+        from ..ckpt.residual import load_residual, residual_checkpoint_name
+        from ..errors import CheckpointError
+
+        if self.out_dir is None or d not in self.decoders:
+            return
+        path = self.out_dir / "checkpoints" / "gddr" / residual_checkpoint_name(d)
+        try:
+            state = load_residual(path)
+            start = self.replay.start(state, self.decoders[d].steps_after(state["last_step"]))
+        except (CheckpointError, ValueError) as e:
+            log.error("GDDR replay of dead device %d skipped: %s", d, e)
+            self.gddr_stats["replay_errors"].append({"device": d, "time_s": now, "error": str(e)})
+            return
+        if start is not None:
+            self.gddr_stats["replays"].append(
+                {"device": d, "time_s": now, "checkpoint_step": start.checkpoint_step,
+                 "coordinates": start.coordinates, "total": start.total}
+            )  # fmt: skip
+            self._log("replay", now, d, -1)
+
     def _global_test_loss(self) -> float:
         """Test loss of the current global model (cached per version)."""
         if self._global_loss is None or self._global_loss[0] != self.version:
@@ -495,6 +569,9 @@ class Coordinator:
             bad = f"update from device {msg.device} with bad header values {msg.aux}"
         elif not np.isfinite(msg.payload).all():
             bad = f"non-finite update from device {msg.device}"
+        delta = msg.payload
+        if not bad and msg.kind == Kind.RESIDUAL:
+            delta, bad = self._decode_residual(ev.device, msg)
         if bad:
             self.t.reject(msg.src, bad)
             self.t.release(msg)
@@ -511,7 +588,7 @@ class Coordinator:
         dev["time_s"] += seconds
         self._period["bytes_up"] += up
         self._period["msgs_up"] += 1
-        a = Arrival(ev.device, task, base, int(msg.aux[0]), float(msg.aux[1]), msg.payload, ev.time)
+        a = Arrival(ev.device, task, base, int(msg.aux[0]), float(msg.aux[1]), delta, ev.time)
         a.seconds = seconds  # type: ignore[attr-defined]
         a.msg = msg  # type: ignore[attr-defined]
         return a
@@ -538,6 +615,8 @@ class Coordinator:
             self.events_log = open(out / "events.jsonl", mode, encoding="utf-8")  # noqa: SIM115
         try:
             self._loop(rounds)
+            if self.gddr:
+                self._flush_residuals()
         finally:
             if self.events_log is not None:
                 self.events_log.close()
@@ -593,6 +672,8 @@ class Coordinator:
                         self.t.release(a.msg)  # type: ignore[attr-defined]
             elif ev.kind == LOST:
                 self._task_done(ev.device)
+                if self.gddr and self._dead(ev.device, now):
+                    self._start_replay(ev.device, now)
                 self.lost_tasks += 1
                 self._log("lost", now, ev.device, ev.task)
                 dec = self.policy.lost(ev.device, now, self._available)
@@ -604,6 +685,58 @@ class Coordinator:
                 self._log("online", now, ev.device, -1)
                 dec = self.policy.online(ev.device, now, self._available)
             self._execute(dec, now)
+
+    def _flush_residuals(self) -> None:
+        """End of training (GDDR): every live device sends what its residual still holds;
+        it is applied with the devices' FedAvg weights, so nothing produced is lost."""
+        from .worker import FLUSH
+
+        now = self.ev.now
+        got: list[Arrival] = []
+        # updates already sent for tasks still out: their released values count too
+        if self.virtual:
+            out = [(e[2], e[3]) for e in self.ev.heap if e[1] == ARRIVE]
+        else:
+            out = sorted(self.ev.expected)
+        for key, msg in sorted(self.pushes.items()):
+            got += self._final_arrival(key, msg, now)
+        self.pushes.clear()
+        for key in sorted(out):
+            got += self._final_arrival(key, self._wait_for(key), now)
+        for d in list(self.inflight):
+            self._task_done(d)
+        for d in sorted(self.decoders):
+            if d in self.failed:
+                continue
+            task = self._next_task(d)
+            self.t.send(self.devices[d]["rank"], Kind.TRAIN, device=d, round=task,
+                        aux=(float(self.version), 0.0, 0.0, float(FLUSH)))  # fmt: skip
+            got += self._final_arrival((d, task), self._wait_for((d, task)), now)
+        if got:
+            self._log("flush", now, -1, -1, devices=len(got))
+            self._apply(Apply("terms", got, [self.policy.weight(a.device) for a in got]), now)
+
+    def _wait_for(self, key: tuple[int, int]) -> Message:
+        while key not in self.ev.stash:
+            self.ev._take(timeout=1.0)
+        return self.ev.stash.pop(key)
+
+    def _final_arrival(self, key: tuple[int, int], msg: Message, now: float) -> list[Arrival]:
+        """A message collected at the end (GDDR flush): as an Arrival, or none."""
+        d = key[0]
+        delta = msg.payload
+        if msg.kind == Kind.REPORT:
+            return []
+        if msg.kind == Kind.RESIDUAL:
+            delta, bad = self._decode_residual(d, msg)
+            if bad:
+                self.t.reject(msg.src, bad)
+                self.t.release(msg)
+                return []
+        a = Arrival(d, key[1], self.version, self.devices[d]["samples"], 0.0, delta, now)
+        a.msg = msg  # type: ignore[attr-defined]
+        a.seconds = 0.0  # type: ignore[attr-defined]
+        return [a]
 
     def _buffered(self, a: Arrival) -> bool:
         """Does the policy still hold ``a`` (BSP round or FedBuff buffer)?"""
@@ -625,6 +758,19 @@ class Coordinator:
         }
         save_checkpoint(path, state)
         return path
+
+    def _gddr_summary(self) -> dict | None:
+        if not self.gddr:
+            return None
+        st = self.gddr_stats
+        size = self.global_model.size
+        return {
+            "messages": st["messages"],
+            "payload_density": st["values"] / (st["messages"] * size) if st["messages"] else None,
+            "tau": self.tauc.tau,
+            "replays": st["replays"],
+            "replay_errors": st["replay_errors"],
+        }
 
     def _hermes_summary(self) -> dict:
         """WI, API calls, iterations, iteration-time CV (Hermes metrics; any gate)."""
@@ -679,6 +825,7 @@ class Coordinator:
             "gate": self.cfg["algorithm"]["gate"],
             "allocation": self.cfg["algorithm"]["allocation"],
             "hermes": self._hermes_summary(),
+            "gddr": self._gddr_summary(),
             "reference_s_per_sample": self.ref_s,
             "lost_tasks": self.lost_tasks,
             "failed_devices": {str(d): t for d, t in sorted(self.failed.items())},

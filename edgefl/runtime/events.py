@@ -61,7 +61,7 @@ class _Source:
         for msg in self.t.poll(timeout=timeout):
             if msg.kind == Kind.ERROR:
                 raise WorkerFailed(error_text(msg))
-            if msg.kind in (Kind.UPDATE, Kind.REPORT):
+            if msg.kind in (Kind.UPDATE, Kind.REPORT, Kind.RESIDUAL):
                 key = (msg.device, msg.round)
                 old = self.stash.get(key)
                 if old is not None:

@@ -80,7 +80,7 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                 task = build_task(cfg, "cpu")
                 _check_chunks(cfg, task.flat.nbytes)
                 t.validator.model_numel = task.flat.numel
-                worker = Worker(cfg, t, task, local_rank)
+                worker = Worker(cfg, t, task, local_rank, out_dir=out)
                 worker.register()
                 status = worker.run()
             except Exception as e:  # report, so rank 0 stops everyone instead of hanging

@@ -10,6 +10,7 @@ import random
 import socket
 import time
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -38,9 +39,18 @@ class Worker:
         transport: this rank's transport.
         task: data (lazy; only this rank's devices are built) and a CPU model instance.
         local_rank: node-local rank (GPU selection).
+        out_dir: the run directory (GDDR residual checkpoints go to its
+            ``checkpoints/gddr/``); None: no residual checkpoints.
     """
 
-    def __init__(self, cfg: dict, transport: Transport, task: Task, local_rank: int = 0) -> None:
+    def __init__(
+        self,
+        cfg: dict,
+        transport: Transport,
+        task: Task,
+        local_rank: int = 0,
+        out_dir: str | None = None,
+    ) -> None:
         self.cfg = cfg
         self.t = transport
         self.task = task
@@ -63,6 +73,9 @@ class Worker:
         self.local: dict[int, _LocalState] = {}  # gated devices between pushes
         self.gates: dict = {}
         self.splits: dict = {}
+        self.residual_on = cfg["algorithm"]["residual"] == "gddr"
+        self.residuals: dict = {}
+        self.ckpt_dir = Path(out_dir) / "checkpoints" / "gddr" if out_dir else None
         self.delay_s = cfg["debug"]["delay_s"]
         self._delay_rng = random.SystemRandom()  # deliberately unseeded (a test hook)
         self._free: list[np.ndarray] = []
@@ -158,7 +171,8 @@ class Worker:
                     self.t.release(msg)
                 elif msg.kind == Kind.TRAIN:
                     version = int(msg.aux[0])
-                    cont = int(msg.aux[3]) & CONTINUE and msg.device in self.local
+                    fl = int(msg.aux[3])
+                    cont = (fl & CONTINUE and msg.device in self.local) or fl & FLUSH
                     if not cont and version not in self.versions:
                         log.warning(
                             "rank %d: TRAIN of device %d from model version %d, which never "
@@ -207,6 +221,9 @@ class Worker:
         the global model (UPDATE) or reports the iteration without a payload (REPORT).
         """
         self.doing = f"training device {device} (task {task}, model version {version})"
+        if flags & FLUSH:
+            self._flush(device, task)
+            return
         if self.delay_s:
             time.sleep(self._delay_rng.random() * self.delay_s)
         c = self.cfg["train"]
@@ -267,6 +284,10 @@ class Worker:
         delta = self._free.pop() if self._free else np.empty_like(self.global_model)
         np.subtract(st.params if self.gated else flat.to_host(), start, out=delta)
         aux = (float(self.data.num_samples(device)), float(loss), seconds, float(st.iterations))
+        if self.residual_on:
+            self._send_residual(device, task, delta, aux, flags >> 8)
+            self._free.append(delta)
+            return
         if self._inject:
             self._forge(device, task, delta, aux)
         seq = self.t.send(
@@ -283,6 +304,53 @@ class Worker:
             junk = np.full_like(delta, 1e6)
             self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux, payload=junk, seq=seq)
             self._inject_done.discard("duplicate")
+
+    def _residual(self, device: int):
+        if device not in self.residuals:
+            from ..policies.residual import GDDRResidual
+
+            g = self.cfg["gddr"]
+            self.residuals[device] = GDDRResidual(
+                self.global_model.size,
+                device,
+                self.cfg["seed"],
+                alpha=g["alpha"],
+                tau=g["tau"],
+                installments=g["installments"],
+                installment_ratio=g["installment_ratio"],
+            )
+        return self.residuals[device]
+
+    def _send_residual(self, device: int, task: int, delta, aux: tuple, tau: int) -> None:
+        """GDDR: send only the released coordinates (+ the update's norm, last value);
+        the residual checkpoint of a due step is written before the message leaves, so a
+        coordinator that saw the message can always find it."""
+        res = self._residual(device)
+        if tau:
+            res.set_tau(tau)
+        step = res.last_step + 1
+        rel = res.step(delta, step)
+        payload = np.empty(rel.values.size + 1, np.float32)
+        payload[:-1] = rel.values
+        payload[-1] = rel.norm
+        every = self.cfg["gddr"]["checkpoint_every"]
+        if self.ckpt_dir is not None and every and (step + 1) % every == 0:
+            from ..ckpt.residual import residual_checkpoint_name, save_residual
+
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            save_residual(self.ckpt_dir / residual_checkpoint_name(device), res.state_dict())
+        self.t.send(
+            0, Kind.RESIDUAL, device=device, round=task, aux=(*aux[:3], float(rel.tau)),
+            payload=payload,
+        )  # fmt: skip
+
+    def _flush(self, device: int, task: int) -> None:
+        """End of training: send everything the device's residual still holds (dense)."""
+        held = np.zeros(self.global_model.size, np.float32)
+        if device in self.residuals:
+            held[:] = self.residuals[device].flush()
+        aux = (float(self.data.num_samples(device)), 0.0, 0.0, 0.0)
+        self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux, payload=held)
 
     def _gate(self, device: int):
         if device not in self.gates:
@@ -348,8 +416,9 @@ class Worker:
         self.t.wait_sends()
 
 
-CONTINUE = 1  # TRAIN flags (aux[3])
+CONTINUE = 1  # TRAIN flags (aux[3]); bits 8+ carry the GDDR tau (0 = keep)
 FORCE_PUSH = 2
+FLUSH = 4
 SUBSET = 3  # derive_seed purposes of the worker's own streams
 HOLDOUT = 4
 
