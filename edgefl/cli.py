@@ -201,9 +201,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         if rank == 0:  # every rank reads the same file and fails the same way
             print(f"edgefl: error: {e}", file=sys.stderr, flush=True)
         return 2
+    from .comm.mpi import finalize
     from .runtime.job import run_rank
 
-    return run_rank(cfg, args.out, args.resume, _stem(args.config), local_rank)
+    status = run_rank(cfg, args.out, args.resume, _stem(args.config), local_rank)
+    finalize(status)  # after a rank failure: leaves at once (Open MPI may hang finalizing)
+    return status
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

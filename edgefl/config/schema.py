@@ -90,6 +90,13 @@ SCHEMA: dict[str, Any] = {
         "device_map": _f(
             {}, "table", 'Per-device override of the torch device, e.g. {"0" = "cuda:0"}.'
         ),
+        "on_failure": _f(
+            "continue",
+            "str",
+            "When a worker rank dies: continue without its devices, or stop (checkpoint, "
+            "exit status 3).",
+            choices=("continue", "stop"),
+        ),
         "threads": _f(
             1, "int", "Torch intra-op threads per rank (1 suits many ranks per box).", min=1
         ),
@@ -377,6 +384,13 @@ SCHEMA: dict[str, Any] = {
             min=0.0,
             exclusive_min=True,
         ),
+        "failure_timeout_s": _f(
+            0.0,
+            "float",
+            "Declare a worker rank dead when it owes an update and was silent this long "
+            "(seconds; for MPIs without ULFM; 0 = off, rely on ULFM).",
+            min=0.0,
+        ),
         "register_timeout_s": _f(
             120.0,
             "float",
@@ -408,6 +422,30 @@ SCHEMA: dict[str, Any] = {
             "(results must not change under the virtual clock).",
             min=0.0,
         ),
+        "kill_ranks": _f(
+            [],
+            "list[int]",
+            "Fault test hook: these worker ranks SIGKILL themselves (at kill_after_tasks).",
+        ),
+        "kill_after_tasks": _f(
+            1, "int", "Fault test hook: ... when the rank starts its N-th task.", min=1
+        ),
+        "inject_every": _f(
+            0,
+            "int",
+            "Test hook: repeat the debug.inject forgeries every N-th task of rank 1 (0 = once).",
+            min=0,
+        ),
+        "byzantine": _f(
+            [], "list[int]", "Test hook: these devices send corrupted updates (byzantine_mode)."
+        ),
+        "byzantine_mode": _f(
+            "signflip",
+            "str",
+            "Test hook: scale (delta x byzantine_scale) or signflip (delta x -byzantine_scale).",
+            choices=("scale", "signflip"),
+        ),
+        "byzantine_scale": _f(10.0, "float", "Test hook: factor of corrupted updates."),
         "stop_after_round": _f(
             0,
             "int",

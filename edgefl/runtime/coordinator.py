@@ -25,6 +25,7 @@ from ..sim.clock import plan_task
 from ..sim.timeline import Timeline
 from .events import (
     ARRIVE,
+    FAILED,
     LOST,
     ONLINE,
     PUSH,
@@ -37,7 +38,7 @@ from .events import (
 )
 from .output import MetricsLog, Progress, summary_table
 from .placement import devices_of_rank
-from .policies import make_update_aggregator
+from .policies import make_update_aggregator, make_update_filter
 from .state import RESUME_MUST_MATCH, Task, checkpoint_state
 from .worker import CONTINUE
 
@@ -72,6 +73,7 @@ class Coordinator:
         self.num_devices = cfg["fleet"]["devices"]
         self.workers = list(range(1, transport.size))
         self.aggregator = make_update_aggregator(cfg, self.num_devices)
+        self.update_filter = make_update_filter(cfg, task.flat.numel)
         self.global_model = task.flat.to_host()  # the live global model (float32, zero-copy)
         self.agg_buf = np.empty_like(self.global_model)
         self.devices: dict[int, dict] = {}
@@ -178,6 +180,11 @@ class Coordinator:
         self.lost_tasks = 0
         self.events_log = None
         self.failed: dict[int, float] = {}
+        self.failed_ranks: dict[int, float] = {}
+        self._t_failure: float | None = None
+        self.recovery_s: list[float] = []  # detection -> next model change (seconds)
+        self.progress_after_failure_unix: list[float] = []
+        self.exit_status = 0
         alg = cfg["algorithm"]
         self.gated = alg["gate"] != "always"
         self.pushes: dict[tuple[int, int], Message] = {}  # gated pushes being uploaded
@@ -276,6 +283,41 @@ class Coordinator:
                 self.ev.schedule(back, ONLINE, d)
         return False
 
+    def _rank_failed(self, rank: int, now: float) -> Decision:
+        """A worker rank died (ULFM or time-out): its devices are dead from ``now``; their
+        tasks are lost; GDDR replays their residuals. Returns the policy's decision."""
+        if rank == 0 or rank not in self.workers:
+            return Decision()
+        self.failed_ranks[rank] = now
+        self._t_failure = time.monotonic()
+        devs = [d for d, v in sorted(self.devices.items()) if v["rank"] == rank]
+        log.warning("rank %d failed at %.3f s: its devices %s are dead", rank, now, devs)
+        print(f"edgefl: rank {rank} failed; devices {devs} are dead; going on", flush=True)
+        self._log("failed", now, -1, -1, rank=rank)
+        dec = Decision()
+        for d in devs:
+            if d in self.failed:
+                continue
+            self.failed[d] = now
+            if d in self.inflight:
+                task = self.inflight[d][0]
+                self.ev.cancel(d, task)
+                self.pushes.pop((d, task), None)
+                self._task_done(d)
+                self.lost_tasks += 1
+                nxt = self.policy.lost(d, now, self._available)
+                dec.apply = dec.apply or nxt.apply
+                dec.dispatch += nxt.dispatch
+                dec.dropped += nxt.dropped
+                dec.timer = dec.timer or nxt.timer
+            if self.gddr:
+                self._start_replay(d, now)
+        if self.cfg["fleet"]["on_failure"] == "stop":
+            self.stopped = f"rank {rank} failed (fleet.on_failure = stop)"
+            self.exit_status = 3
+            self.checkpoint(self.version, self.metrics.rows, time.monotonic() - self._t0, now)
+        return dec
+
     def _dead(self, d: int, now: float) -> bool:
         """Has device ``d`` died (crashed) by ``now``? (virtual clock: from its profile)"""
         if d in self.failed:
@@ -310,6 +352,8 @@ class Coordinator:
             self.t.send(rank, Kind.MODEL, round=self.version, payload=self.global_model)
             self.rank_version[rank] = self.version
         self._send_train(d, task, now, flags=0)
+        if self.t.liveness is not None:
+            self.t.liveness.expect(rank, time.monotonic() + self.cfg["comm"]["failure_timeout_s"])
 
     def _continue(self, d: int, now: float) -> None:
         """A gated device goes on with its next local iteration (no download)."""
@@ -393,6 +437,10 @@ class Coordinator:
         self.t.wait_sends()  # sends of the global buffer must finish before it changes
         lr = np.float32(self.cfg["server"]["lr"])
         arr = ap.arrivals
+        if self.update_filter is not None and ap.mode != "mix":
+            arr, ap = self._filter(ap)
+            if not arr:
+                return
         if self.loss_agg and ap.mode != "mix":
             # Hermes: fold each update into the loss-weighted running average, then apply it
             gl = self._global_test_loss()
@@ -431,8 +479,30 @@ class Coordinator:
         self._gc_bases()
         for a in arr:
             self.t.release(a.msg)  # type: ignore[attr-defined]
+        if self._t_failure is not None:
+            self.recovery_s.append(time.monotonic() - self._t_failure)
+            self.progress_after_failure_unix.append(time.time())
+            self._t_failure = None
         self._log("apply", now, -1, -1, updates=len(arr))
         self._row(arr, now)
+
+    def _filter(self, ap: Apply) -> tuple[list[Arrival], Apply]:
+        """Norm bound (robust.norm_bound*): drop or clip outlying updates before use."""
+        ups = [Update(a.device, a.delta, a.samples, a.loss, self.version) for a in ap.arrivals]
+        res = self.update_filter(ups)
+        for d, reason in res.rejected:
+            self.t.reject(self.devices[d]["rank"], f"update of device {d}: {reason}")
+        keep = {u.device: u for u in res.accepted}
+        arr, coefs = [], []
+        for i, a in enumerate(ap.arrivals):
+            if a.device in keep:
+                a.delta = keep[a.device].delta
+                arr.append(a)
+                if ap.coefs:
+                    coefs.append(ap.coefs[i])
+            else:
+                self.t.release(a.msg)  # type: ignore[attr-defined]
+        return arr, Apply(ap.mode, arr, coefs)
 
     def _gc_bases(self) -> None:
         for v in [v for v, n in self.base_refs.items() if n <= 0 and v != self.version]:
@@ -628,7 +698,7 @@ class Coordinator:
         if out is not None:
             self.timeline.write_csv(out / "timeline.csv")
         self.finish(self.metrics.rows, self.version, time.monotonic() - self._t0, end)
-        return 0
+        return self.exit_status
 
     def _loop(self, rounds: int) -> None:
         max_t = self.cfg["run"]["max_virtual_s"]
@@ -637,11 +707,16 @@ class Coordinator:
             ev = self.ev.next()
             if ev is None:
                 self.stopped = "no device can make progress (all offline, dead or idle)"
+                self.exit_status = 3
                 break
             now = ev.time
             if max_t and now > max_t:
                 self.stopped = f"run.max_virtual_s = {max_t} reached"
                 break
+            if ev.kind == FAILED:
+                dec = self._rank_failed(ev.token, now)
+                self._execute(dec, now)
+                continue
             if ev.kind == ARRIVE and ev.msg.kind == Kind.REPORT:
                 self._iteration(ev, pushed=False)
                 self._log("iteration", now, ev.device, ev.task)
@@ -825,10 +900,14 @@ class Coordinator:
             "gate": self.cfg["algorithm"]["gate"],
             "allocation": self.cfg["algorithm"]["allocation"],
             "hermes": self._hermes_summary(),
+            "dp_epsilon": self.aggregator.epsilon() if self.cfg["dp"]["enabled"] else None,
             "gddr": self._gddr_summary(),
             "reference_s_per_sample": self.ref_s,
             "lost_tasks": self.lost_tasks,
             "failed_devices": {str(d): t for d, t in sorted(self.failed.items())},
+            "failed_ranks": {str(r): t for r, t in sorted(self.failed_ranks.items())},
+            "recovery_s": self.recovery_s,
+            "progress_after_failure_unix": self.progress_after_failure_unix,
             "staleness_hist": {str(k): v for k, v in sorted(self.staleness.items())},
             "wall_time_s": wall,
             "stopped": self.stopped,

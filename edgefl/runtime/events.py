@@ -27,8 +27,15 @@ from ..errors import EdgeflError
 log = logging.getLogger("edgefl.coordinator")
 
 # event kinds, in the order they are processed when their times are equal
-ARRIVE, LOST, TIMER, ONLINE, PUSH = 0, 1, 2, 3, 4
-KIND_NAMES = {ARRIVE: "arrive", LOST: "lost", TIMER: "timer", ONLINE: "online", PUSH: "push"}
+ARRIVE, LOST, TIMER, ONLINE, PUSH, FAILED = 0, 1, 2, 3, 4, 5
+KIND_NAMES = {
+    ARRIVE: "arrive",
+    LOST: "lost",
+    TIMER: "timer",
+    ONLINE: "online",
+    PUSH: "push",
+    FAILED: "failed",
+}
 
 
 class WorkerFailed(EdgeflError):
@@ -55,10 +62,23 @@ class _Source:
     def __init__(self, transport: Transport) -> None:
         self.t = transport
         self.stash: dict[tuple[int, int], Message] = {}
+        self.failures: list[int] = []  # ranks found dead, not yet handed out as events
+        self.cancelled: set[tuple[int, int]] = set()  # tasks of dead ranks
+
+    def cancel(self, device: int, task: int) -> None:
+        """The task of a dead device will never report: skip its event."""
+        self.cancelled.add((device, task))
+
+    def _failed_event(self, now: float) -> Event | None:
+        if self.failures:
+            return Event(now, FAILED, token=self.failures.pop(0))
+        return None
 
     def _take(self, timeout: float) -> None:
         """Receive what is there into the stash (UPDATEs); raise on a worker's ERROR."""
-        for msg in self.t.poll(timeout=timeout):
+        msgs = self.t.poll(timeout=timeout)
+        self.failures += self.t.take_failures()
+        for msg in msgs:
             if msg.kind == Kind.ERROR:
                 raise WorkerFailed(error_text(msg))
             if msg.kind in (Kind.UPDATE, Kind.REPORT, Kind.RESIDUAL):
@@ -95,17 +115,27 @@ class VirtualEvents(_Source):
 
     def next(self) -> Event | None:
         """The earliest event (None when nothing is left to happen)."""
-        if not self.heap:
-            return None
-        time_s, kind, device, task, token, _ = heapq.heappop(self.heap)
-        self.now = time_s
-        ev = Event(time_s, kind, device, task, token)
-        if kind == ARRIVE:
-            key = (device, task)
-            while key not in self.stash:
-                self._take(timeout=1.0)
-            ev.msg = self.stash.pop(key)
-        return ev
+        while True:
+            failed = self._failed_event(self.now)
+            if failed is not None:
+                return failed
+            if not self.heap:
+                return None
+            item = heapq.heappop(self.heap)
+            time_s, kind, device, task, token, _ = item
+            if (device, task) in self.cancelled and kind in (ARRIVE, LOST, PUSH):
+                continue
+            if kind == ARRIVE:
+                key = (device, task)
+                while key not in self.stash and not self.failures:
+                    self._take(timeout=1.0)
+                if key not in self.stash:  # a rank died meanwhile: handle that first
+                    heapq.heappush(self.heap, item)
+                    continue
+                self.now = time_s
+                return Event(time_s, kind, device, task, token, msg=self.stash.pop(key))
+            self.now = time_s
+            return Event(time_s, kind, device, task, token)
 
 
 class WallEvents(_Source):
@@ -134,6 +164,10 @@ class WallEvents(_Source):
 
     def next(self) -> Event | None:
         while True:
+            failed = self._failed_event(self.now)
+            if failed is not None:
+                return failed
+            self.expected -= self.cancelled
             for key in sorted(self.stash):
                 if key in self.expected:
                     self.expected.discard(key)
@@ -158,6 +192,7 @@ def error_text(msg: Message) -> str:
 __all__ = [
     "ARRIVE",
     "Event",
+    "FAILED",
     "KIND_NAMES",
     "LOST",
     "ONLINE",

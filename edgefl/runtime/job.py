@@ -27,12 +27,17 @@ log = logging.getLogger("edgefl")
 def _transport(cfg: dict, rank: int):
     c = cfg["comm"]
     validator = Validator(rank, max_payload_bytes=c["max_payload_bytes"])
-    return mpi_transport(
+    t = mpi_transport(
         validator,
         chunk_bytes=c["chunk_bytes"],
         payload_timeout_s=c["payload_timeout_s"],
         poll_max_s=c["poll_max_s"],
     )
+    if rank == 0 and c["failure_timeout_s"] > 0:
+        from ..comm.liveness import Liveness
+
+        t.liveness = Liveness(c["failure_timeout_s"])
+    return t
 
 
 def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_rank: int) -> int:
@@ -123,13 +128,16 @@ def _stop_all(t, status: int, timeout: float = 60.0) -> None:
     for w in range(1, t.size):
         t.send(w, Kind.STOP, aux=(float(status),))
     t.wait_sends()
-    waiting = set(range(1, t.size))
+    waiting = set(range(1, t.size)) - t.failed
     deadline = time.monotonic() + timeout
     while waiting and time.monotonic() < deadline:
         for msg in t.poll(timeout=0.5):
             if msg.kind in (Kind.HEARTBEAT, Kind.ERROR):
                 waiting.discard(msg.src)
+                t.retire(msg.src)  # it may now exit: not a failure
             t.release(msg)
+        t.take_failures()
+        waiting -= t.failed
     if waiting:
         log.warning("ranks %s did not acknowledge STOP within %.0f s", sorted(waiting), timeout)
 
@@ -141,4 +149,6 @@ def _await_stop(t, timeout: float = 120.0) -> int:
         for msg in t.poll(timeout=1.0):
             if msg.kind == Kind.STOP:
                 return 2
+        if 0 in t.take_failures() or 0 in t.failed:
+            return 2
     return 2

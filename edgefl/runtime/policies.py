@@ -8,6 +8,10 @@ from ..policies.aggregation import Aggregator, make_aggregator
 def make_update_aggregator(cfg: dict, num_devices: int) -> Aggregator:
     """The aggregator named by ``algorithm.aggregation`` with its options."""
     name = cfg["algorithm"]["aggregation"]
+    if cfg["dp"]["enabled"]:
+        from ..policies.dp import DPFedAvg
+
+        return DPFedAvg.from_config(cfg)
     if name in ("loss-weighted", "loss-softmax"):
         from ..policies.loss_weighted import make_loss_aggregator
 
@@ -41,3 +45,13 @@ def check_policies(cfg: dict) -> None:
             1, 0, cfg["seed"], alpha=g["alpha"], tau=g["tau"], installments=g["installments"],
             installment_ratio=g["installment_ratio"],
         )  # fmt: skip
+
+
+def make_update_filter(cfg: dict, numel: int):
+    """The norm-bound / finiteness filter of ``[robust]`` (None when no bound is set)."""
+    from ..policies.robust import UpdateFilter
+
+    r = cfg["robust"]
+    if not (r["norm_bound"] or r["norm_bound_relative"]):
+        return None
+    return UpdateFilter.from_options(numel=numel, **r)

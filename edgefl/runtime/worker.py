@@ -7,7 +7,9 @@ import logging
 import math
 import os
 import random
+import signal
 import socket
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -74,8 +76,10 @@ class Worker:
         self.gates: dict = {}
         self.splits: dict = {}
         self.residual_on = cfg["algorithm"]["residual"] == "gddr"
+        self.tasks_started = 0
         self.residuals: dict = {}
         self.ckpt_dir = Path(out_dir) / "checkpoints" / "gddr" if out_dir else None
+        self.out_dir = out_dir
         self.delay_s = cfg["debug"]["delay_s"]
         self._delay_rng = random.SystemRandom()  # deliberately unseeded (a test hook)
         self._free: list[np.ndarray] = []
@@ -159,7 +163,16 @@ class Worker:
         from); TRAINs queue up and are trained one at a time, in the order they came.
         """
         while True:
-            for msg in self.t.poll(timeout=0.0 if self.queue else 5.0):
+            msgs = self.t.poll(timeout=0.0 if self.queue else 5.0)
+            if 0 in self.t.take_failures() or 0 in self.t.failed:
+                print(
+                    f"edgefl: rank {self.rank}: the coordinator (rank 0) is gone; this worker "
+                    "stops (resume the run from its latest checkpoint with --resume)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return 3
+            for msg in msgs:
                 if msg.kind == Kind.STOP:
                     self.t.send(0, Kind.HEARTBEAT)  # acknowledges the STOP
                     self.t.wait_sends()
@@ -224,6 +237,17 @@ class Worker:
         if flags & FLUSH:
             self._flush(device, task)
             return
+        self.tasks_started += 1
+        dbg = self.cfg["debug"]
+        if self.rank in dbg["kill_ranks"] and self.tasks_started >= dbg["kill_after_tasks"]:
+            print(f"edgefl: debug.kill_ranks: rank {self.rank} kills itself", flush=True)
+            if self.out_dir:
+                stamp = Path(self.out_dir) / f"kill-rank{self.rank}.time"
+                stamp.write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        every = dbg["inject_every"]
+        if every and self.rank == 1 and self.tasks_started % every == 0:
+            self._inject = list(dbg["inject"])
         if self.delay_s:
             time.sleep(self._delay_rng.random() * self.delay_s)
         c = self.cfg["train"]
@@ -283,6 +307,9 @@ class Worker:
         start = self.versions[st.base]
         delta = self._free.pop() if self._free else np.empty_like(self.global_model)
         np.subtract(st.params if self.gated else flat.to_host(), start, out=delta)
+        if device in self.cfg["debug"]["byzantine"]:
+            k = self.cfg["debug"]["byzantine_scale"]
+            delta *= np.float32(-k if self.cfg["debug"]["byzantine_mode"] == "signflip" else k)
         aux = (float(self.data.num_samples(device)), float(loss), seconds, float(st.iterations))
         if self.residual_on:
             self._send_residual(device, task, delta, aux, flags >> 8)
