@@ -364,9 +364,9 @@ def test_range_edges_are_accepted():
 
 
 def test_bad_choice():
-    msg = config_error(overrides=['algorithm.aggregation="krum"'])
-    assert "'algorithm.aggregation' = 'krum'" in msg
-    assert "one of sample-weighted, mean" in msg
+    msg = config_error(overrides=['algorithm.aggregation="bogus"'])
+    assert "'algorithm.aggregation' = 'bogus'" in msg
+    assert "one of sample-weighted, mean, loss-weighted" in msg
     msg = config_error(overrides=['debug.inject=["duplicate", "nope"]'])
     assert "'debug.inject'" in msg and "bad-kind" in msg
 
