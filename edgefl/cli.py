@@ -122,7 +122,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .launcher import child_env, find_mpiexec
     from .runtime.rundir import prepare_run_dir, resolve_run_dir
 
-    cfg = load_config(args.config, _overrides(args))
+    if args.resume and not args.config:
+        # no config given: continue the checkpoint's own run (its config, plus any --set)
+        import tomllib
+
+        doc = tomllib.loads(load_checkpoint(args.resume)["config_toml"])
+        cfg = load_config(None, _overrides(args), doc=doc)
+    else:
+        cfg = load_config(args.config, _overrides(args))
     if cfg["sim"]["clock"] == "auto":
         cfg["sim"]["clock"] = "virtual"
     prof = cfg["sim"]["profiles"]

@@ -224,6 +224,13 @@ SCHEMA: dict[str, Any] = {
             "median iteration time).",
             choices=("fixed", "hermes"),
         ),
+        "ordering": _f(
+            "none",
+            "str",
+            "Example order of each local epoch: none (a seeded shuffle), rr (D-RR), id-grab, "
+            "id-grab-bal, cd-grab (coordinator-balanced; docs/ordering.md).",
+            choices=("none", "rr", "id-grab", "id-grab-bal", "cd-grab"),
+        ),
         "residual": _f(
             "none",
             "str",
@@ -299,6 +306,27 @@ SCHEMA: dict[str, Any] = {
         ),
         "replay_decay": _f(0.5, "float", "Ratio between consecutive replay amounts (0, 1)."),
         "replay_steps": _f(5, "int", "Coordinator steps a dead device's replay spans.", min=1),
+    },
+    "ordering": {
+        "sketch_dim": _f(
+            0, "int", "Project each gradient to this many dimensions (0 = exact).", min=0
+        ),
+        "sketch_kind": _f(
+            "countsketch",
+            "str",
+            "Projection: countsketch or gaussian.",
+            choices=("countsketch", "gaussian"),
+        ),
+        "unit": _f(
+            "example",
+            "str",
+            "Unit of ordering: example or microbatch.",
+            choices=("example", "microbatch"),
+        ),
+        "microbatch": _f(1, "int", "Examples per unit when unit = microbatch.", min=1),
+        "save_debug": _f(
+            False, "bool", "Rank 0 saves each epoch's gradients and orders (ordering/*.npz)."
+        ),
     },
     "robust": {
         "trim_fraction": _f(

@@ -38,7 +38,7 @@ from .events import (
 )
 from .output import MetricsLog, Progress, summary_table
 from .placement import devices_of_rank
-from .policies import make_update_aggregator, make_update_filter
+from .policies import make_cfg_orderer, make_update_aggregator, make_update_filter
 from .state import RESUME_MUST_MATCH, Task, checkpoint_state
 from .worker import CONTINUE
 
@@ -182,6 +182,7 @@ class Coordinator:
         self.failed: dict[int, float] = {}
         self.failed_ranks: dict[int, float] = {}
         self._t_failure: float | None = None
+        self.ordering_s = 0.0
         self.recovery_s: list[float] = []  # detection -> next model change (seconds)
         self.progress_after_failure_unix: list[float] = []
         self.exit_status = 0
@@ -217,6 +218,7 @@ class Coordinator:
                 batch=cfg["train"]["batch_size"] or 32,
             )
         self.loss_agg = alg["aggregation"] in ("loss-weighted", "loss-softmax")
+        self.orderer = make_cfg_orderer(cfg)
         self.gddr = alg["residual"] == "gddr"
         if self.gddr:
             from ..policies.replay import ResidualReplay
@@ -483,6 +485,8 @@ class Coordinator:
             self.recovery_s.append(time.monotonic() - self._t_failure)
             self.progress_after_failure_unix.append(time.time())
             self._t_failure = None
+        if self.orderer is not None and ap.mode == "aggregate":
+            self._next_orders(arr, now)
         self._log("apply", now, -1, -1, updates=len(arr))
         self._row(arr, now)
 
@@ -700,8 +704,58 @@ class Coordinator:
         self.finish(self.metrics.rows, self.version, time.monotonic() - self._t0, end)
         return self.exit_status
 
+    def _send_orders(self, orders: list[np.ndarray]) -> None:
+        for d, o in zip(sorted(self.devices), orders):
+            self.t.send(
+                self.devices[d]["rank"], Kind.ORDER, device=d, round=self.orderer.epoch,
+                payload=np.ascontiguousarray(o, np.int32),
+            )  # fmt: skip
+
+    def _next_orders(self, arr: list[Arrival], now: float) -> None:
+        """CD-GraB & co.: the epoch's gradients decide every device's next order."""
+        devs = sorted(self.devices)
+        by = {a.device: a for a in arr}
+        grads: list[np.ndarray | None] = []
+        for d in devs:
+            a = by.get(d)
+            msg = self.ev.grads.pop((d, a.task), None) if a is not None else None
+            if msg is None:
+                grads.append(None)
+                continue
+            n, w = int(msg.aux[0]), int(msg.aux[1])
+            if n * w != msg.payload.size:
+                self.t.reject(msg.src, f"GRADS of device {d}: {msg.payload.size} values != {n}x{w}")
+                grads.append(None)
+            else:
+                grads.append(np.array(msg.payload).reshape(n, w))
+            self.t.release(msg)
+        t0 = time.perf_counter()
+        before = self.orderer.state_dict() if self.cfg["ordering"]["save_debug"] else None
+        used = self.orderer.orders
+        sketched = self.cfg["ordering"]["sketch_dim"] > 0
+        try:
+            orders = self.orderer.next_orders(grads, sketched=sketched)
+        except ValueError as e:
+            log.error("ordering: %s; every device reshuffles this epoch", e)
+            orders = self.orderer.next_orders([None] * len(devs))
+        self.ordering_s += time.perf_counter() - t0
+        if before is not None and self.out_dir is not None:
+            from ..policies.ordering import save_epoch_debug
+
+            folder = self.out_dir / "ordering"
+            folder.mkdir(exist_ok=True)
+            path = folder / f"epoch-{self.orderer.epoch - 1:05d}.npz"
+            save_epoch_debug(path, before, grads, used, orders, sketched=sketched)
+        self._send_orders(orders)
+
     def _loop(self, rounds: int) -> None:
         max_t = self.cfg["run"]["max_virtual_s"]
+        if self.orderer is not None:
+            if self.orderer.orders:  # resumed: the checkpoint's current orders
+                self._send_orders(self.orderer.orders)
+            else:
+                sizes = [self.orderer.num_units(self.n_train[d]) for d in sorted(self.devices)]
+                self._send_orders(self.orderer.initial_orders(sizes))
         self._execute(self.policy.start(self.ev.now, self._available), self.ev.now)
         while self.version < rounds and not self.stopped:
             ev = self.ev.next()
@@ -831,8 +885,16 @@ class Coordinator:
             "tasks": json.dumps({str(d): n for d, n in self.tasks.items()}),
             "staleness": json.dumps({str(k): v for k, v in self.staleness.items()}),
         }
+        if self.orderer is not None:
+            state["ordering"] = self.orderer.state_dict()
         save_checkpoint(path, state)
         return path
+
+    def _ordering_summary(self) -> dict | None:
+        if self.orderer is None:
+            return None
+        o = self.orderer
+        return {"name": o.name, "epochs": o.epoch, "seconds": self.ordering_s}
 
     def _gddr_summary(self) -> dict | None:
         if not self.gddr:
@@ -885,6 +947,8 @@ class Coordinator:
             if int(d) in self.tasks:
                 self.tasks[int(d)] = int(n)
         self.staleness = {int(k): int(v) for k, v in json.loads(c["staleness"]).items()}
+        if self.orderer is not None and "ordering" in st:
+            self.orderer.load_state_dict(st["ordering"])
 
     def finish(self, rows: list[dict], rounds_done: int, wall: float, end: float = 0.0) -> None:
         stats = self.t.stats
@@ -902,6 +966,13 @@ class Coordinator:
             "hermes": self._hermes_summary(),
             "dp_epsilon": self.aggregator.epsilon() if self.cfg["dp"]["enabled"] else None,
             "gddr": self._gddr_summary(),
+            "ordering": None
+            if self.orderer is None
+            else {
+                "name": self.orderer.name,
+                "epochs": self.orderer.epoch,
+                "seconds": self.ordering_s,
+            },
             "reference_s_per_sample": self.ref_s,
             "lost_tasks": self.lost_tasks,
             "failed_devices": {str(d): t for d, t in sorted(self.failed.items())},

@@ -64,6 +64,7 @@ class _Source:
         self.stash: dict[tuple[int, int], Message] = {}
         self.failures: list[int] = []  # ranks found dead, not yet handed out as events
         self.cancelled: set[tuple[int, int]] = set()  # tasks of dead ranks
+        self.grads: dict[tuple[int, int], Message] = {}  # CD-GraB gradients by task
 
     def cancel(self, device: int, task: int) -> None:
         """The task of a dead device will never report: skip its event."""
@@ -81,7 +82,9 @@ class _Source:
         for msg in msgs:
             if msg.kind == Kind.ERROR:
                 raise WorkerFailed(error_text(msg))
-            if msg.kind in (Kind.UPDATE, Kind.REPORT, Kind.RESIDUAL):
+            if msg.kind == Kind.GRADS:
+                self.grads[(msg.device, msg.round)] = msg
+            elif msg.kind in (Kind.UPDATE, Kind.REPORT, Kind.RESIDUAL):
                 key = (msg.device, msg.round)
                 old = self.stash.get(key)
                 if old is not None:

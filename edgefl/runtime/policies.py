@@ -34,6 +34,7 @@ def check_policies(cfg: dict) -> None:
             "for the new global model after each push)"
         )
     make_update_aggregator(cfg, n)
+    check_ordering(cfg)
     make_gate(cfg["algorithm"]["gate"], cfg["hermes"])
     make_allocator(cfg["algorithm"]["allocation"], cfg["allocation"], cfg["train"]["local_epochs"])
     make_consistency(cfg, {d: 1 for d in range(n)})
@@ -55,3 +56,40 @@ def make_update_filter(cfg: dict, numel: int):
     if not (r["norm_bound"] or r["norm_bound_relative"]):
         return None
     return UpdateFilter.from_options(numel=numel, **r)
+
+
+def make_cfg_orderer(cfg: dict):
+    """The example orderer of ``algorithm.ordering`` (None for "none")."""
+    name = cfg["algorithm"]["ordering"]
+    if name == "none":
+        return None
+    from ..policies.ordering import make_orderer
+
+    o = cfg["ordering"]
+    return make_orderer(
+        name, cfg["seed"], o["sketch_dim"], o["unit"], o["microbatch"], o["sketch_kind"]
+    )
+
+
+def check_ordering(cfg: dict) -> None:
+    """Example ordering needs synchronous epochs: one epoch per task, every device, BSP."""
+    from ..errors import ConfigError
+
+    if cfg["algorithm"]["ordering"] == "none":
+        return
+    make_cfg_orderer(cfg)
+    need = {
+        "algorithm.consistency": (cfg["algorithm"]["consistency"], "bsp"),
+        "server.participation": (cfg["server"]["participation"], 1.0),
+        "train.local_epochs": (cfg["train"]["local_epochs"], 1),
+        "train.local_steps": (cfg["train"]["local_steps"], 0),
+        "algorithm.gate": (cfg["algorithm"]["gate"], "always"),
+        "algorithm.allocation": (cfg["algorithm"]["allocation"], "fixed"),
+    }
+    for key, (got, want) in need.items():
+        if got != want:
+            raise ConfigError(
+                f"config key '{key}' = {got!r}: algorithm.ordering = "
+                f"{cfg['algorithm']['ordering']!r} needs {want!r} (one synchronous epoch per "
+                "round on every device)"
+            )

@@ -77,6 +77,11 @@ class Worker:
         self.splits: dict = {}
         self.residual_on = cfg["algorithm"]["residual"] == "gddr"
         self.tasks_started = 0
+        from .policies import make_cfg_orderer
+
+        self.orderer = make_cfg_orderer(cfg)  # used for its sketch only
+        self.orders: dict[int, np.ndarray] = {}
+        self.pe: dict[str, object] = {}
         self.residuals: dict = {}
         self.ckpt_dir = Path(out_dir) / "checkpoints" / "gddr" if out_dir else None
         self.out_dir = out_dir
@@ -182,6 +187,9 @@ class Worker:
                     np.copyto(buf, msg.payload)
                     self.versions[msg.round] = buf
                     self.t.release(msg)
+                elif msg.kind == Kind.ORDER:
+                    self.orders[msg.device] = np.array(msg.payload, np.int64)
+                    self.t.release(msg)
                 elif msg.kind == Kind.TRAIN:
                     version = int(msg.aux[0])
                     fl = int(msg.aux[3])
@@ -267,19 +275,22 @@ class Worker:
             train_ds = torch.utils.data.Subset(train_ds, idx.tolist())
         gen = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, task, TRAIN))
         t0 = time.perf_counter()
-        loss, _ = local_train(
-            model,
-            train_ds,
-            epochs=c["local_epochs"],
-            steps=c["local_steps"],
-            batch_size=batch or c["batch_size"],
-            lr=c["lr"],
-            momentum=c["momentum"],
-            weight_decay=c["weight_decay"],
-            generator=gen,
-            task=self.data.info.task,
-            device=dev,
-        )
+        if self.orderer is not None:
+            loss = self._ordered(device, task, model, train_ds, dev)
+        else:
+            loss, _ = local_train(
+                model,
+                train_ds,
+                epochs=c["local_epochs"],
+                steps=c["local_steps"],
+                batch_size=batch or c["batch_size"],
+                lr=c["lr"],
+                momentum=c["momentum"],
+                weight_decay=c["weight_decay"],
+                generator=gen,
+                task=self.data.info.task,
+                device=dev,
+            )
         if dev.startswith("cuda"):
             torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - t0
@@ -331,6 +342,43 @@ class Worker:
             junk = np.full_like(delta, 1e6)
             self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux, payload=junk, seq=seq)
             self._inject_done.discard("duplicate")
+
+    def _ordered(self, device: int, task: int, model, ds, dev: str) -> float:
+        """CD-GraB & co.: one epoch in the order rank 0 sent; ships the examples' gradients
+        (or sketches; per unit) in visit order before the update."""
+        from ..models.ordered import ordered_epoch
+        from ..models.per_example import PerExampleGrads
+
+        order = self.orders.get(device)
+        if order is None:
+            raise RuntimeError(f"device {device}: no example order received before task {task}")
+        o = self.orderer
+        n = len(ds)
+        ex_order = o.example_order(order, n) if o.num_units(n) != n else order
+        if dev not in self.pe:
+            self.pe[dev] = PerExampleGrads(model, self.data.info.task)
+        c = self.cfg["train"]
+        loss, g = ordered_epoch(
+            model, ds, ex_order, batch_size=c["batch_size"], lr=c["lr"], momentum=c["momentum"],
+            weight_decay=c["weight_decay"], task=self.data.info.task, grads=self.pe[dev],
+            device=dev,
+        )  # fmt: skip
+        if o.needs_grads:
+            if o.num_units(n) != n:  # microbatch units: the mean gradient of each unit
+                mb = self.cfg["ordering"]["microbatch"]
+                pos = np.empty(n, np.int64)
+                pos[ex_order] = np.arange(n)
+                rows = []
+                for u in order:
+                    members = np.arange(u * mb, min((u + 1) * mb, n))
+                    rows.append(g[pos[members]].mean(axis=0))
+                g = np.stack(rows).astype(np.float32)
+            g = np.ascontiguousarray(o.project(g), dtype=np.float32)
+            self.t.send(
+                0, Kind.GRADS, device=device, round=task,
+                aux=(float(g.shape[0]), float(g.shape[1]), 0.0, 0.0), payload=g.reshape(-1),
+            )  # fmt: skip
+        return loss
 
     def _residual(self, device: int):
         if device not in self.residuals:
