@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,12 @@ FORMAT_VERSION = 1
 _NAME_RE = re.compile(r"^ckpt-(\d{6,})\.h5$")
 # Errors h5py/HDF5 raise on damaged files; translated into one-line CheckpointErrors.
 _READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError, IndexError)
+# Fault-test hook (tests/fault/test_job_failures.py, docs/fault-tolerance.md): with the
+# environment variable EDGEFL_TEST_CKPT_KILL=N, the N-th save_checkpoint call of a process
+# writes half of the state into its temporary file, flushes it and SIGKILLs the process
+# (before the commit marker and the rename). Unset in normal use.
+TEST_KILL_ENV = "EDGEFL_TEST_CKPT_KILL"
+_saves_started = 0
 
 
 def checkpoint_name(round: int) -> str:
@@ -89,9 +96,15 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
     nodes = plan_state(state)  # validate everything before touching the disk
     directory = target.parent
     tmp = directory / f".{target.name}.tmp-{os.getpid()}"
+    global _saves_started
+    _saves_started += 1
     try:
         try:
             with h5py.File(tmp, "w", track_order=True) as f:
+                if os.environ.get(TEST_KILL_ENV) == str(_saves_started):  # test hook, above
+                    _write_nodes(f, nodes[: len(nodes) // 2])
+                    f.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
                 _write_nodes(f, nodes)
                 f.attrs["created_unix_s"] = time.time()
                 f.attrs["format_version"] = np.int64(FORMAT_VERSION)

@@ -142,6 +142,19 @@ SCHEMA: dict[str, Any] = {
             min=0.0,
             exclusive_min=True,
         ),
+        "optimizer": _f(
+            "sgd",
+            "str",
+            "Server optimizer applied to the aggregated delta: sgd, fedavgm, fedadam, fedyogi, "
+            "fedadagrad (Reddi et al., ICLR 2021) or 'package.module:function' "
+            "(docs/parameter-server.md).",
+        ),
+        "beta1": _f(0.9, "float", "First-moment decay / FedAvgM momentum, in [0, 1).", min=0.0),
+        "beta2": _f(0.99, "float", "Second-moment decay of FedAdam/FedYogi, in [0, 1).", min=0.0),
+        "tau": _f(1e-3, "float", "Adaptivity of FedAdam/FedYogi/FedAdagrad (> 0).", min=0.0),
+        "l1": _f(
+            0.0, "float", "L1 proximal threshold per unit lr after each step (0 = off).", min=0.0
+        ),
         "min_devices": _f(
             1, "int", "Fewest devices a BSP round starts with (waits for more otherwise).", min=1
         ),

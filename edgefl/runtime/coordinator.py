@@ -74,6 +74,9 @@ class Coordinator:
         self.workers = list(range(1, transport.size))
         self.aggregator = make_update_aggregator(cfg, self.num_devices)
         self.update_filter = make_update_filter(cfg, task.flat.numel)
+        from ..policies.server_opt import make_server_optimizer
+
+        self.server_opt = make_server_optimizer(cfg["server"])
         self.global_model = task.flat.to_host()  # the live global model (float32, zero-copy)
         self.agg_buf = np.empty_like(self.global_model)
         self.devices: dict[int, dict] = {}
@@ -452,16 +455,16 @@ class Coordinator:
                     step = self.aggregator.push(a.delta, cand, gl)
                 else:
                     step = self.aggregator.push(a.device, a.delta, cand)
-            self.global_model += lr * step
+            self.server_opt.step(self.global_model, step)
         elif ap.mode == "aggregate":
             ups = [Update(a.device, a.delta, a.samples, a.loss, self.version) for a in arr]
             agg = self.aggregator.aggregate(ups, out=self.agg_buf)
-            self.global_model += lr * agg
+            self.server_opt.step(self.global_model, agg)
         elif ap.mode == "terms":
             acc = np.zeros(self.global_model.size, np.float64)
             for a, c in zip(arr, ap.coefs):
                 acc += c * a.delta
-            self.global_model += lr * acc.astype(np.float32)
+            self.server_opt.step(self.global_model, acc.astype(np.float32))
         else:  # mix
             a, alpha = arr[0], np.float32(ap.coefs[0])
             base = self.bases[a.base_version]
@@ -887,6 +890,7 @@ class Coordinator:
         }
         if self.orderer is not None:
             state["ordering"] = self.orderer.state_dict()
+        state["server_optimizer"] = self.server_opt.state_dict()
         save_checkpoint(path, state)
         return path
 
@@ -947,6 +951,8 @@ class Coordinator:
             if int(d) in self.tasks:
                 self.tasks[int(d)] = int(n)
         self.staleness = {int(k): int(v) for k, v in json.loads(c["staleness"]).items()}
+        if "server_optimizer" in st:
+            self.server_opt.load_state_dict(st["server_optimizer"])
         if self.orderer is not None and "ordering" in st:
             self.orderer.load_state_dict(st["ordering"])
 
