@@ -52,6 +52,8 @@ class Kind(enum.IntEnum):
     REPORT = 9  # up: a local iteration ended without a push; aux = (samples, loss, seconds, z)
     GRADS = 10  # up: per-example gradients (or sketches) of a task, float32 (CD-GraB)
     RESIDUAL = 11  # up: GDDR-released values + the update's norm (float32); aux[3] = tau
+    SPARSE = 12  # up: a filtered, compressed update (policies.compress encoding, uint8)
+    RESEND = 13  # down: the SPARSE of (device, round) named a key list rank 0 lacks: resend
 
 
 class DType(enum.IntEnum):
@@ -107,6 +109,8 @@ SPECS: dict[Kind, KindSpec] = {
     Kind.REPORT: KindSpec("up", frozenset({DType.NONE}), "none"),
     Kind.GRADS: KindSpec("up", frozenset({DType.FLOAT32}), "any"),
     Kind.RESIDUAL: KindSpec("up", frozenset({DType.FLOAT32}), "any"),
+    Kind.SPARSE: KindSpec("up", frozenset({DType.UINT8}), "any"),
+    Kind.RESEND: KindSpec("down", frozenset({DType.NONE}), "none"),
 }
 
 

@@ -341,6 +341,31 @@ SCHEMA: dict[str, Any] = {
             False, "bool", "Rank 0 saves each epoch's gradients and orders (ordering/*.npz)."
         ),
     },
+    "ps": {
+        "sparse": _f(
+            False,
+            "bool",
+            "Push updates as sparse, compressed messages (filters, index/value encoding, "
+            "key caching; docs/parameter-server.md).",
+        ),
+        "filters": _f(
+            [],
+            "list[str]",
+            "Worker-side filters in order (runtime: significant; kkt in bench ps only).",
+            choices=("significant", "kkt"),
+        ),
+        "sig_threshold": _f(
+            0.0, "float", "significant: send entries whose change exceeds this.", min=0.0
+        ),
+        "value_dtype": _f(
+            "float32",
+            "str",
+            "Values on the wire: float32, float16 or bfloat16.",
+            choices=("float32", "float16", "bfloat16"),
+        ),
+        "key_cache": _f(False, "bool", "Send a hash for an index list the receiver holds."),
+        "cache_entries": _f(16, "int", "Key lists cached per device (LRU).", min=1),
+    },
     "robust": {
         "trim_fraction": _f(
             0.1, "float", "trimmed-mean: fraction dropped at each end of every coordinate."
@@ -487,6 +512,13 @@ SCHEMA: dict[str, Any] = {
             choices=("scale", "signflip"),
         ),
         "byzantine_scale": _f(10.0, "float", "Test hook: factor of corrupted updates."),
+        "forget_key_cache_every": _f(
+            0,
+            "int",
+            "Test hook: rank 0 forgets its cached key lists every N model versions, forcing "
+            "resends (0 = off).",
+            min=0,
+        ),
         "stop_after_round": _f(
             0,
             "int",

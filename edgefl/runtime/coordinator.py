@@ -222,6 +222,8 @@ class Coordinator:
             )
         self.loss_agg = alg["aggregation"] in ("loss-weighted", "loss-softmax")
         self.orderer = make_cfg_orderer(cfg)
+        self.sparse_dec: dict = {}
+        self.sparse_resends = 0
         self.gddr = alg["residual"] == "gddr"
         if self.gddr:
             from ..policies.replay import ResidualReplay
@@ -478,6 +480,10 @@ class Coordinator:
                 self.tauc.update(self._norms)
                 self._norms = []
         self.version += 1
+        every = self.cfg["debug"]["forget_key_cache_every"]
+        if every and self.version % every == 0:
+            for dec in self.sparse_dec.values():
+                dec.reset_cache()
         for a in arr:
             st = self.version - 1 - a.base_version
             self.staleness[st] = self.staleness.get(st, 0) + 1
@@ -576,6 +582,30 @@ class Coordinator:
         if self.allocating and seconds > 0:
             self.allocator.update({d: seconds})
 
+    def _decode_sparse(self, d: int, task: int, msg: Message):
+        """A parameter-server push: decode it; if it names a key list this coordinator does
+        not hold (key cache miss), ask the device to resend it with the full index list."""
+        from ..policies.compress import Decoder, KeyCacheMiss, MessageError
+
+        dec = self.sparse_dec.get(d)
+        if dec is None:
+            dec = self.sparse_dec[d] = Decoder(
+                self.global_model.size, self.cfg["ps"]["cache_entries"]
+            )
+        for _attempt in range(2):
+            try:
+                out = dec.decode(msg.payload).to_dense().astype(np.float32)
+                return out, "", msg
+            except KeyCacheMiss:
+                self.sparse_resends += 1
+                self.t.release(msg)
+                self.t.send(self.devices[d]["rank"], Kind.RESEND, device=d, round=task)
+                msg = self._wait_for((d, task))
+                self.devices[d]["bytes_up"] += HEADER_BYTES + msg.nbytes
+            except MessageError as e:
+                return None, f"sparse update of device {d}: {e}", msg
+        return None, f"sparse update of device {d}: key list still unknown after a resend", msg
+
     def _decode_residual(self, d: int, msg: Message) -> tuple[np.ndarray | None, str]:
         """GDDR: the dense update of a RESIDUAL message (released values + norm)."""
         from ..policies.residual import ReleaseDecoder
@@ -649,6 +679,9 @@ class Coordinator:
         delta = msg.payload
         if not bad and msg.kind == Kind.RESIDUAL:
             delta, bad = self._decode_residual(ev.device, msg)
+        elif not bad and msg.kind == Kind.SPARSE:
+            delta, bad, msg = self._decode_sparse(ev.device, task, msg)
+            ev.msg = msg
         if bad:
             self.t.reject(msg.src, bad)
             self.t.release(msg)
@@ -692,7 +725,7 @@ class Coordinator:
             self.events_log = open(out / "events.jsonl", mode, encoding="utf-8")  # noqa: SIM115
         try:
             self._loop(rounds)
-            if self.gddr:
+            if self.gddr or self.cfg["ps"]["sparse"]:
                 self._flush_residuals()
         finally:
             if self.events_log is not None:
@@ -837,7 +870,8 @@ class Coordinator:
             got += self._final_arrival(key, self._wait_for(key), now)
         for d in list(self.inflight):
             self._task_done(d)
-        for d in sorted(self.decoders):
+        senders = self.decoders if self.gddr else self.sparse_dec
+        for d in sorted(senders):
             if d in self.failed:
                 continue
             task = self._next_task(d)
@@ -859,8 +893,11 @@ class Coordinator:
         delta = msg.payload
         if msg.kind == Kind.REPORT:
             return []
-        if msg.kind == Kind.RESIDUAL:
-            delta, bad = self._decode_residual(d, msg)
+        if msg.kind in (Kind.RESIDUAL, Kind.SPARSE):
+            if msg.kind == Kind.RESIDUAL:
+                delta, bad = self._decode_residual(d, msg)
+            else:
+                delta, bad, msg = self._decode_sparse(d, key[1], msg)
             if bad:
                 self.t.reject(msg.src, bad)
                 self.t.release(msg)
@@ -972,6 +1009,7 @@ class Coordinator:
             "hermes": self._hermes_summary(),
             "dp_epsilon": self.aggregator.epsilon() if self.cfg["dp"]["enabled"] else None,
             "gddr": self._gddr_summary(),
+            "sparse_resends": self.sparse_resends,
             "ordering": None
             if self.orderer is None
             else {

@@ -84,7 +84,7 @@ class _Source:
                 raise WorkerFailed(error_text(msg))
             if msg.kind == Kind.GRADS:
                 self.grads[(msg.device, msg.round)] = msg
-            elif msg.kind in (Kind.UPDATE, Kind.REPORT, Kind.RESIDUAL):
+            elif msg.kind in (Kind.UPDATE, Kind.REPORT, Kind.RESIDUAL, Kind.SPARSE):
                 key = (msg.device, msg.round)
                 old = self.stash.get(key)
                 if old is not None:

@@ -35,6 +35,21 @@ def check_policies(cfg: dict) -> None:
         )
     make_update_aggregator(cfg, n)
     check_ordering(cfg)
+    ps = cfg["ps"]
+    if ps["sparse"]:
+        if "kkt" in ps["filters"]:
+            raise ConfigError(
+                "config key 'ps.filters' = ['kkt']: the KKT filter needs the loss gradient of "
+                "an L1 sparse model; the runtime supports 'significant' (kkt: edgefl bench ps)"
+            )
+        if cfg["algorithm"]["residual"] != "none" or cfg["algorithm"]["gate"] != "always":
+            raise ConfigError(
+                "config key 'ps.sparse' = true: combine it with algorithm.residual = 'none' "
+                "and algorithm.gate = 'always'"
+            )
+        from ..policies.filters import make_filter_chain
+
+        make_filter_chain(ps)
     make_gate(cfg["algorithm"]["gate"], cfg["hermes"])
     make_allocator(cfg["algorithm"]["allocation"], cfg["allocation"], cfg["train"]["local_epochs"])
     make_consistency(cfg, {d: 1 for d in range(n)})

@@ -81,6 +81,10 @@ class Worker:
 
         self.orderer = make_cfg_orderer(cfg)  # used for its sketch only
         self.orders: dict[int, np.ndarray] = {}
+        self.sparse_on = cfg["ps"]["sparse"]
+        self.encoders: dict = {}
+        self.filters: dict = {}
+        self.last_sparse: dict = {}
         self.pe: dict[str, object] = {}
         self.residuals: dict = {}
         self.ckpt_dir = Path(out_dir) / "checkpoints" / "gddr" if out_dir else None
@@ -187,6 +191,8 @@ class Worker:
                     np.copyto(buf, msg.payload)
                     self.versions[msg.round] = buf
                     self.t.release(msg)
+                elif msg.kind == Kind.RESEND:
+                    self._resend(msg.device, msg.round)
                 elif msg.kind == Kind.ORDER:
                     self.orders[msg.device] = np.array(msg.payload, np.int64)
                     self.t.release(msg)
@@ -326,6 +332,10 @@ class Worker:
             self._send_residual(device, task, delta, aux, flags >> 8)
             self._free.append(delta)
             return
+        if self.sparse_on:
+            self._send_sparse(device, task, delta, aux)
+            self._free.append(delta)
+            return
         if self._inject:
             self._forge(device, task, delta, aux)
         seq = self.t.send(
@@ -419,11 +429,52 @@ class Worker:
             payload=payload,
         )  # fmt: skip
 
+    def _send_sparse(self, device: int, task: int, delta, aux: tuple) -> None:
+        """Parameter-server push: filter (what is held back stays in the device's filter
+        residual), then encode (dense / index-value / cached key list, whichever is smaller)."""
+        from ..policies.compress import Encoder, round_values
+        from ..policies.filters import make_filter_chain
+
+        ps = self.cfg["ps"]
+        if device not in self.encoders:
+            q = None
+            if ps["value_dtype"] != "float32":
+                dt = ps["value_dtype"]
+
+                def q(v, dt=dt):
+                    return round_values(v, dt)
+
+            self.filters[device] = make_filter_chain(ps, quantize=q)
+            self.encoders[device] = Encoder(
+                delta.size, ps["value_dtype"], ps["key_cache"], ps["cache_entries"]
+            )
+        keys = np.flatnonzero(delta)
+        k, v = self.filters[device].apply(keys, delta[keys])
+        self.last_sparse[device] = (task, k, v, aux)
+        enc = self.encoders[device].encode(k, v)
+        self.t.send(0, Kind.SPARSE, device=device, round=task, aux=aux, payload=enc.payload)
+
+    def _resend(self, device: int, task: int) -> None:
+        """Rank 0 lacked a cached key list: forget the cache, send the full index list."""
+        last = self.last_sparse.get(device)
+        if last is None or last[0] != task:
+            log.warning("rank %d: RESEND of device %d task %d: nothing to resend", self.rank,
+                        device, task)  # fmt: skip
+            return
+        _, k, v, aux = last
+        enc = self.encoders[device]
+        enc.reset_cache()
+        self.t.send(0, Kind.SPARSE, device=device, round=task, aux=aux,
+                    payload=enc.encode(k, v).payload)  # fmt: skip
+
     def _flush(self, device: int, task: int) -> None:
         """End of training: send everything the device's residual still holds (dense)."""
         held = np.zeros(self.global_model.size, np.float32)
         if device in self.residuals:
             held[:] = self.residuals[device].flush()
+        if device in self.filters:  # a filter's held-back mass (parameter-server pushes)
+            k, v = self.filters[device].flush()
+            held[k] += v
         aux = (float(self.data.num_samples(device)), 0.0, 0.0, 0.0)
         self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux, payload=held)
 
