@@ -59,3 +59,20 @@ def test_hermes_job_pushes_only_on_major_updates(tmp_path, launcher):
     events = (out / "events.jsonl").read_text()
     assert '"event": "iteration"' in events and '"event": "push"' in events
     assert s["final_accuracy"] > 0.5
+
+
+@pytest.mark.mpi
+def test_hermes_broadcast_to_all_refreshes_other_devices(tmp_path, launcher):
+    runs = {}
+    for mode in ("pusher", "all"):
+        out = tmp_path / mode
+        proc = run_edgefl(
+            "simulate", "--out", str(out), "--devices", "6", "--ranks", "3", "--rounds", "30",
+            *HERMES, "--set", f"hermes.broadcast={mode}",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[mode] = json.loads((out / "summary.json").read_text())["hermes"]
+    # with "pusher" only the pusher pulls the new model (one pull per push, + first ones);
+    # with "all" the other busy devices pull it too
+    assert runs["pusher"]["pulls"] <= runs["pusher"]["pushes"] + 6
+    assert runs["all"]["pulls"] > runs["all"]["pushes"] + 6

@@ -267,6 +267,13 @@ SCHEMA: dict[str, Any] = {
         "wait_for_model": _f(
             True, "bool", "After a push, wait for the new global model (only true is supported)."
         ),
+        "broadcast": _f(
+            "pusher",
+            "str",
+            "Who gets the new global model after a push: pusher, or all (every gated device "
+            "adopts it at its next local iteration).",
+            choices=("pusher", "all"),
+        ),
         "softmax_temperature": _f(0.5, "float", "Temperature of loss-softmax aggregation."),
         "softmax_buffer": _f(4, "int", "Major updates kept by loss-softmax.", min=1),
         "holdout_fraction": _f(

@@ -40,7 +40,7 @@ from .output import MetricsLog, Progress, summary_table
 from .placement import devices_of_rank
 from .policies import make_cfg_orderer, make_update_aggregator, make_update_filter
 from .state import RESUME_MUST_MATCH, Task, checkpoint_state
-from .worker import CONTINUE
+from .worker import CONTINUE, REFRESH
 
 log = logging.getLogger("edgefl.coordinator")
 
@@ -192,6 +192,7 @@ class Coordinator:
         alg = cfg["algorithm"]
         self.gated = alg["gate"] != "always"
         self.pushes: dict[tuple[int, int], Message] = {}  # gated pushes being uploaded
+        self.refresh: dict[int, bool] = {}  # gated devices to get the new model (broadcast)
         self.control_msgs = 0
         self._iter_time: dict[int, float] = {}
         self.hermes = HermesMetrics()
@@ -363,14 +364,34 @@ class Coordinator:
             self.t.liveness.expect(rank, time.monotonic() + self.cfg["comm"]["failure_timeout_s"])
 
     def _continue(self, d: int, now: float) -> None:
-        """A gated device goes on with its next local iteration (no download)."""
+        """A gated device goes on with its next local iteration (no download; with Hermes
+        ``broadcast = "all"``, after a push by another device, it first downloads and adopts
+        the new global model)."""
         task = self._next_task(d)
         first, base, t0 = self.inflight[d]
+        refresh = self.refresh.pop(d, False)
+        if refresh:
+            base = self.version
+            model_bytes = self.global_model.nbytes
+            dev = self.devices[d]
+            dev["bytes_down"] += 2 * HEADER_BYTES + model_bytes
+            dev["msgs_down"] += 2
+            dev["requests"] += 1
+            self._period["bytes_down"] += 2 * HEADER_BYTES + model_bytes
+            self._period["msgs_down"] += 2
         self.inflight[d] = (task, base, t0)
-        if not self._plan(d, task, now, download=False):
+        if not self._plan(d, task, now, download=refresh):
             return
-        self._send_train(d, task, now, flags=CONTINUE)
-        self.control_msgs += 1
+        if refresh:
+            rank = self.devices[d]["rank"]
+            if self.rank_version.get(rank) != self.version:
+                self.t.wait_sends()
+                self.t.send(rank, Kind.MODEL, round=self.version, payload=self.global_model)
+                self.rank_version[rank] = self.version
+            self._send_train(d, task, now, flags=CONTINUE | REFRESH)
+        else:
+            self._send_train(d, task, now, flags=CONTINUE)
+            self.control_msgs += 1
 
     def _next_task(self, d: int) -> int:
         task = self.tasks[d]
@@ -494,6 +515,11 @@ class Coordinator:
             self.recovery_s.append(time.monotonic() - self._t_failure)
             self.progress_after_failure_unix.append(time.time())
             self._t_failure = None
+        if self.gated and self.cfg["hermes"]["broadcast"] == "all":
+            pushers = {a.device for a in arr}
+            for d in self.inflight:
+                if d not in pushers:
+                    self.refresh[d] = True
         if self.orderer is not None and ap.mode == "aggregate":
             self._next_orders(arr, now)
         self._log("apply", now, -1, -1, updates=len(arr))

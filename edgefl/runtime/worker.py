@@ -199,7 +199,8 @@ class Worker:
                 elif msg.kind == Kind.TRAIN:
                     version = int(msg.aux[0])
                     fl = int(msg.aux[3])
-                    cont = (fl & CONTINUE and msg.device in self.local) or fl & FLUSH
+                    cont = fl & CONTINUE and not fl & REFRESH and msg.device in self.local
+                    cont = cont or fl & FLUSH
                     if not cont and version not in self.versions:
                         log.warning(
                             "rank %d: TRAIN of device %d from model version %d, which never "
@@ -268,6 +269,10 @@ class Worker:
         dev = self.torch_dev[device]
         model, flat = self._model_on(dev)
         st = self.local.get(device) if flags & CONTINUE else None
+        if st is not None and flags & REFRESH:  # the coordinator broadcast a new model
+            st.params = self.versions[version].copy()
+            st.base = version
+            self._gate(device).on_model_received()
         if st is None:
             st = _LocalState(version, self.versions[version].copy() if self.gated else None)
             if self.gated:
@@ -545,6 +550,7 @@ class Worker:
 CONTINUE = 1  # TRAIN flags (aux[3]); bits 8+ carry the GDDR tau (0 = keep)
 FORCE_PUSH = 2
 FLUSH = 4
+REFRESH = 8  # with CONTINUE: adopt model `version` first (Hermes broadcast = all)
 SUBSET = 3  # derive_seed purposes of the worker's own streams
 HOLDOUT = 4
 
