@@ -97,7 +97,8 @@ if rank == 0:
                 fail(f"bad update from rank {m.src}, round {m.round}")
             t.release(m)
             done[m.src] += 1
-            if found_at:
+            # survivors: after any detection; a victim: after its own (must stay 0)
+            if found_at and (m.src not in victims or m.src in found_at):
                 after_detect[m.src] += 1
             if victims == {0} and m.src == 1 and done[1] == KILL_ROUND:
                 die()
