@@ -127,6 +127,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         import tomllib
 
         doc = tomllib.loads(load_checkpoint(args.resume)["config_toml"])
+        # fault-test hooks describe the interrupted job, not its continuation
+        doc.get("debug", {}).pop("kill_ranks", None)
         cfg = load_config(None, _overrides(args), doc=doc)
     else:
         cfg = load_config(args.config, _overrides(args))

@@ -53,6 +53,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 NAME = "faults"
@@ -90,6 +92,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--wall-clock-load",
         action="store_true",
         help="also run the load row on the wall clock (real arrival order; minutes at 64 ranks)",
+    )
+    p.add_argument(
+        "--signflip-factor", type=float, default=10.0, help="sign-flip rows: delta x -F (10)"
+    )
+    p.add_argument("--scale-factor", type=float, default=100.0, help="scale rows: delta x F (100)")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated scenario name prefixes to run (the clean run always runs)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", help="keep the run directories here (default: a temporary folder)")
@@ -168,10 +179,10 @@ def _resume(ckpt: Path, sets: list[str], after: int) -> tuple[int, float | None]
     of the command to the first model version after round ``after``)."""
     metrics = ckpt.parent.parent / "metrics.jsonl"
     old = metrics.stat().st_ino if metrics.exists() else None  # rows of the killed run
+    log = metrics.parent / f"resume-{time.time_ns()}.log"
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        _cmd(None, sets, ckpt), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env()
-    )
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(_cmd(None, sets, ckpt), stdout=f, stderr=f, env=_env())
     first = None
     while proc.poll() is None:  # the resumed run rewrites metrics.jsonl (a new inode)
         try:
@@ -181,9 +192,8 @@ def _resume(ckpt: Path, sets: list[str], after: int) -> tuple[int, float | None]
         except FileNotFoundError:
             pass
         time.sleep(0.02)
-    text = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
     if proc.returncode != 0:
-        sys.stderr.write(text[-3000:])
+        sys.stderr.write(log.read_text(errors="replace")[-3000:])
     return proc.returncode, first
 
 
@@ -233,6 +243,7 @@ def kill_worker(args, root: Path, clean: dict, name: str, victims: list[int], at
         after = [t for t in s["progress_after_failure_unix"] if t > killed]
         extra["recovery_s"] = round(min(after) - killed, 4) if after else None
         extra["failed_devices"] = len(s["failed_devices"])
+        extra["detect_to_progress_s"] = _r(s["recovery_s"][0]) if s["recovery_s"] else None
     return _row(name, out, ok, clean, t0, **extra)
 
 
@@ -314,7 +325,7 @@ def checkpoint_kill(args, root: Path, clean: dict) -> dict:
     reached = max(_metric_rounds(out), default=0)
     ck = out / "checkpoints"
     torn = _torn(ck)
-    partial = len(list(ck.glob(".ckpt-*.tmp-*")))
+    tmp_files = len(list(ck.glob(".ckpt-*.tmp-*")))
     ckpt = latest_checkpoint(ck)
     if ckpt is None or status == 0:
         return _row("checkpoint-write-kill", out, False, clean, t0, exit_status=status)
@@ -323,7 +334,7 @@ def checkpoint_kill(args, root: Path, clean: dict) -> dict:
     return _row(
         "checkpoint-write-kill", out, rs == 0, clean, t0, exit_status=status,
         lost_rounds=reached - kept, restart_s=_r(first), torn_checkpoints=torn,
-        partial_tmp_files=partial, killed_at_round=reached, resumed_from=kept,
+        partial_tmp_files=tmp_files, killed_at_round=reached, resumed_from=kept,
     )  # fmt: skip
 
 
@@ -336,7 +347,9 @@ def storm(args, root: Path, clean: dict, name: str, inject: list[str]) -> dict:
 
 
 def byzantine(args, root: Path, clean: dict, mode: str, aggregation: str) -> dict:
-    """Devices 0 and 1 (f = 2) send corrupted updates (x10 scaled or sign-flipped)."""
+    """Devices 0 and 1 (f = 2) send corrupted updates: delta x -``--signflip-factor`` or
+    delta x ``--scale-factor``."""
+    factor = args.signflip_factor if mode == "signflip" else args.scale_factor
     t0 = time.monotonic()
     name = f"byzantine-{mode}-{aggregation}"
     out = root / name
@@ -344,7 +357,7 @@ def byzantine(args, root: Path, clean: dict, mode: str, aggregation: str) -> dic
         f"algorithm.aggregation={json.dumps(aggregation)}",
         "debug.byzantine=[0,1]",
         f"debug.byzantine_mode={json.dumps(mode)}",
-        "debug.byzantine_scale=10.0",
+        f"debug.byzantine_scale={float(factor)}",
         "robust.trim_fraction=0.2",
         "robust.krum_f=2",
     ]
@@ -484,7 +497,8 @@ def main(args: argparse.Namespace) -> int:
         root = Path(args.runs or tmp).resolve()
         root.mkdir(parents=True, exist_ok=True)
         rows = run_all(args, root)
-    print(table(rows, COLS))
+    shown = [{k: "-" if v is None else v for k, v in r.items()} for r in rows]
+    print(table(shown, COLS))
     for text, holds in targets(rows, args.every):
         print(f"# target {'HOLDS' if holds else 'MISSED'}: {text}")
     write_json(args.json, rows)
@@ -494,6 +508,10 @@ def main(args: argparse.Namespace) -> int:
 def run_all(args: argparse.Namespace, root: Path) -> list[dict]:
     """Every scenario in turn (progress lines on stdout); returns the rows."""
     rows: list[dict] = []
+    only = [x.strip() for x in args.only.split(",") if x.strip()]
+
+    def want(name: str) -> bool:
+        return not only or any(name.startswith(x) for x in only)
 
     def add(row: dict) -> None:
         rows.append(row)
@@ -507,20 +525,36 @@ def run_all(args: argparse.Namespace, root: Path) -> list[dict]:
     if clean is None:
         return rows
     n = _tasks_of_rank2(args)
-    add(kill_worker(args, root, clean, "kill-mid", [2], n // 2))
+    jobs: list[tuple[str, Callable[[], dict]]] = [
+        ("kill-mid", lambda: kill_worker(args, root, clean, "kill-mid", [2], max(1, n // 2)))
+    ]
     if not args.quick:
-        add(kill_worker(args, root, clean, "kill-early", [2], max(1, n // 10)))
-        add(kill_worker(args, root, clean, "kill-late", [2], max(1, n - n // 10)))
-    add(kill_worker(args, root, clean, "kill-two", [2, 3], n // 2))
-    add(stop_and_resume(args, root, clean))
-    add(launcher_kill(args, root, clean))
-    add(checkpoint_kill(args, root, clean))
-    add(storm(args, root, clean, "duplicate-storm", ["duplicate"]))
-    add(storm(args, root, clean, "malformed-storm", MALFORMED))
+        jobs += [
+            (
+                "kill-early",
+                lambda: kill_worker(args, root, clean, "kill-early", [2], max(1, n // 10)),
+            ),
+            ("kill-late", lambda: kill_worker(args, root, clean, "kill-late", [2], n - n // 10)),
+        ]
+    jobs += [
+        ("kill-two", lambda: kill_worker(args, root, clean, "kill-two", [2, 3], max(1, n // 2))),
+        ("on-failure-stop", lambda: stop_and_resume(args, root, clean)),
+        ("launcher-kill", lambda: launcher_kill(args, root, clean)),
+        ("checkpoint-write-kill", lambda: checkpoint_kill(args, root, clean)),
+        ("duplicate-storm", lambda: storm(args, root, clean, "duplicate-storm", ["duplicate"])),
+        ("malformed-storm", lambda: storm(args, root, clean, "malformed-storm", MALFORMED)),
+    ]
     for mode in ("signflip",) if args.quick else ("signflip", "scale"):
         for agg in ("mean", *ROBUST):
-            add(byzantine(args, root, clean, mode, agg))
-    add(many_ranks(args, root, "virtual"))
+            jobs.append(
+                (f"byzantine-{mode}-{agg}", partial(byzantine, args, root, clean, mode, agg))
+            )
+    jobs.append(
+        (f"asp-{args.many_ranks}-ranks-virtual", partial(many_ranks, args, root, "virtual"))
+    )
     if args.wall_clock_load:
-        add(many_ranks(args, root, "wall"))
+        jobs.append((f"asp-{args.many_ranks}-ranks-wall", partial(many_ranks, args, root, "wall")))
+    for name, job in jobs:
+        if want(name):
+            add(job())
     return rows

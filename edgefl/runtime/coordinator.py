@@ -324,6 +324,7 @@ class Coordinator:
             self.stopped = f"rank {rank} failed (fleet.on_failure = stop)"
             self.exit_status = 3
             self.checkpoint(self.version, self.metrics.rows, time.monotonic() - self._t0, now)
+            return Decision()  # stop where the checkpoint stands: nothing more is applied
         return dec
 
     def _dead(self, d: int, now: float) -> bool:
