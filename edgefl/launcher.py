@@ -47,7 +47,15 @@ class Launcher:
                 flags.append("--oversubscribe")
             if ulfm and self.supports_ulfm():
                 flags += ["--with-ft", "ulfm"]
+        elif ulfm and self.flavor in ("mpich", "intel"):
+            # no ULFM: keep the survivors alive (DESIGN section 6) and detect by time-outs
+            flags.append("-disable-auto-cleanup")
+            argv = [sys.executable, "-m", "edgefl.rankwrap", *argv]
         return [self.path, *flags, "-n", str(ranks), *argv]
+
+    def failure_detection(self) -> str:
+        """``ulfm`` (dead ranks reported by MPI) or ``timeout`` (comm.failure_timeout_s)."""
+        return "ulfm" if self.supports_ulfm() else "timeout"
 
 
 def find_mpiexec() -> Launcher:

@@ -217,6 +217,14 @@ class MPITransport(Transport):
         _ulfm_failures.update(ranks)
         return self._mark_failed(sorted(ranks), reason or "process failure reported by MPI")
 
+    def declare_failed(self, rank: int, reason: str = "declared failed") -> bool:
+        """As :meth:`Transport.declare_failed`; also makes :func:`finalize` leave without
+        ``MPI_Finalize`` (which can wait forever for the dead rank, e.g. under MPICH)."""
+        new = super().declare_failed(rank, reason)
+        if rank != self.rank:
+            _ulfm_failures.add(rank)
+        return new
+
     def _forget(self, ranks: list[int]) -> None:
         for r in ranks:
             i = self._index.get(r)
@@ -499,6 +507,12 @@ def finalize(status: int = 0, timeout_s: float = 10.0) -> None:
         MPI.Finalize()
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+def note_failure(rank: int = -1) -> None:
+    """Record that some rank died during the job (told by rank 0): :func:`finalize` then
+    leaves without ``MPI_Finalize``, which could wait forever for the dead rank."""
+    _ulfm_failures.add(rank)
 
 
 def _failures_known() -> bool:

@@ -361,8 +361,6 @@ class Coordinator:
             self.t.send(rank, Kind.MODEL, round=self.version, payload=self.global_model)
             self.rank_version[rank] = self.version
         self._send_train(d, task, now, flags=0)
-        if self.t.liveness is not None:
-            self.t.liveness.expect(rank, time.monotonic() + self.cfg["comm"]["failure_timeout_s"])
 
     def _continue(self, d: int, now: float) -> None:
         """A gated device goes on with its next local iteration (no download; with Hermes
@@ -405,7 +403,20 @@ class Coordinator:
         if self.gddr:
             flags |= self.tauc.tau << 8
         aux = (float(self.version), float(samples), float(batch), float(flags))
-        self.t.send(self.devices[d]["rank"], Kind.TRAIN, device=d, round=task, vtime=now, aux=aux)
+        rank = self.devices[d]["rank"]
+        self.t.send(rank, Kind.TRAIN, device=d, round=task, vtime=now, aux=aux)
+        if self.t.liveness is not None:  # it owes an answer (time-out detection, no ULFM)
+            self.owed[rank] = self.owed.get(rank, 0) + 1
+            self.t.liveness.expect(rank, time.monotonic() + self.cfg["comm"]["failure_timeout_s"])
+
+    def _received(self, msg: Message) -> None:
+        """An answer to a TRAIN came in (time-out detection: the rank owes one less)."""
+        if self.t.liveness is None:
+            return
+        left = self.owed.get(msg.src, 0) - 1
+        self.owed[msg.src] = max(left, 0)
+        if left <= 0:
+            self.t.liveness.satisfied(msg.src)
 
     def _plan(self, d: int, task: int, now: float, download: bool) -> bool:
         """Plan an iteration on the virtual clock (no-op on the wall clock); False if it
@@ -444,6 +455,7 @@ class Coordinator:
 
     def _task_done(self, d: int) -> tuple[int, int, float]:
         task, base, t0 = self.inflight.pop(d)
+
         if base in self.base_refs:
             self.base_refs[base] -= 1
         return task, base, t0
@@ -747,6 +759,8 @@ class Coordinator:
             self._restore_clock(self.resume)
         start = self.start_time
         self.ev = VirtualEvents(self.t, start) if self.virtual else WallEvents(self.t, start)
+        self.owed: dict[int, int] = {}
+        self.ev.received_hook = self._received
         if out is not None and cfg["sim"]["event_log"]:
             mode = "a" if self.resume is not None else "w"
             self.events_log = open(out / "events.jsonl", mode, encoding="utf-8")  # noqa: SIM115

@@ -65,6 +65,7 @@ class _Source:
         self.failures: list[int] = []  # ranks found dead, not yet handed out as events
         self.cancelled: set[tuple[int, int]] = set()  # tasks of dead ranks
         self.grads: dict[tuple[int, int], Message] = {}  # CD-GraB gradients by task
+        self.received_hook = None  # called with every task answer as it is received
 
     def cancel(self, device: int, task: int) -> None:
         """The task of a dead device will never report: skip its event."""
@@ -85,6 +86,8 @@ class _Source:
             if msg.kind == Kind.GRADS:
                 self.grads[(msg.device, msg.round)] = msg
             elif msg.kind in (Kind.UPDATE, Kind.REPORT, Kind.RESIDUAL, Kind.SPARSE):
+                if self.received_hook is not None:
+                    self.received_hook(msg)
                 key = (msg.device, msg.round)
                 old = self.stash.get(key)
                 if old is not None:

@@ -58,6 +58,7 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
         cfg["sim"]["clock"] = "wall"
     t = _transport(cfg, _rank())
     status = 2
+    out_dir = None
     try:
         if t.rank == 0:
             try:
@@ -79,6 +80,8 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                 status = 2
             finally:
                 _stop_all(t, status)
+                if out_dir is not None:  # what `edgefl simulate` reports, whatever the MPI
+                    (out_dir / "exit_status").write_text(f"{status}\n")
         else:
             worker = None
             try:
@@ -88,6 +91,10 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                 worker = Worker(cfg, t, task, local_rank, out_dir=out)
                 worker.register()
                 status = worker.run()
+                if worker.peer_failures:
+                    from ..comm.mpi import note_failure
+
+                    note_failure()
             except Exception as e:  # report, so rank 0 stops everyone instead of hanging
                 where = worker.doing if worker is not None else "set-up"
                 if isinstance(e, EdgeflError):
@@ -125,8 +132,9 @@ def _rank() -> int:
 def _stop_all(t, status: int, timeout: float = 60.0) -> None:
     """Send STOP to every worker, then receive (and drop) whatever they still send until
     each acknowledged, so no worker is left blocked on an unmatched send."""
+    failures = 1.0 if t.failed else 0.0  # tells the workers not to wait in MPI_Finalize
     for w in range(1, t.size):
-        t.send(w, Kind.STOP, aux=(float(status),))
+        t.send(w, Kind.STOP, aux=(float(status), failures))
     t.wait_sends()
     waiting = set(range(1, t.size)) - t.failed
     deadline = time.monotonic() + timeout

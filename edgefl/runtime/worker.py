@@ -81,6 +81,7 @@ class Worker:
 
         self.orderer = make_cfg_orderer(cfg)  # used for its sketch only
         self.orders: dict[int, np.ndarray] = {}
+        self.peer_failures = False  # some rank died during the job (see finalize)
         self.sparse_on = cfg["ps"]["sparse"]
         self.encoders: dict = {}
         self.filters: dict = {}
@@ -171,8 +172,15 @@ class Worker:
         MODEL messages are kept by version (a TRAIN names the version its task starts
         from); TRAINs queue up and are trained one at a time, in the order they came.
         """
+        limit = 2 * self.cfg["comm"]["failure_timeout_s"]  # without ULFM: silence of rank 0
+        heard = time.monotonic()
         while True:
             msgs = self.t.poll(timeout=0.0 if self.queue else 5.0)
+            now = time.monotonic()
+            if msgs:
+                heard = now
+            elif limit and not self.queue and now - heard > limit:
+                self.t.declare_failed(0, f"silent for {limit:.0f} s (comm.failure_timeout_s x 2)")
             if 0 in self.t.take_failures() or 0 in self.t.failed:
                 print(
                     f"edgefl: rank {self.rank}: the coordinator (rank 0) is gone; this worker "
@@ -183,6 +191,7 @@ class Worker:
                 return 3
             for msg in msgs:
                 if msg.kind == Kind.STOP:
+                    self.peer_failures = bool(msg.aux[1]) or bool(self.t.failed)
                     self.t.send(0, Kind.HEARTBEAT)  # acknowledges the STOP
                     self.t.wait_sends()
                     return int(msg.aux[0])
