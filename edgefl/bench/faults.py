@@ -368,7 +368,16 @@ def byzantine(args, root: Path, clean: dict, mode: str, aggregation: str) -> dic
         "robust.trim_fraction=0.2",
         "robust.krum_f=2",
     ]
-    return _row(name, out, _complete(out, sets), clean, t0)
+    status = _job(out, sets)
+    # a run the attack drove to inf/NaN (non-finite model, or every update rejected as
+    # non-finite) stops cleanly with status 3: that is the degradation being measured, so
+    # the row counts as completed (it ended by itself), with its last accuracy
+    row = _row(name, out, status in (0, 3), clean, t0, exit_status=status)
+    if status == 3:
+        s = _summary(out)
+        row["completed"] = bool(s.get("stopped"))
+        row["stopped"] = s.get("stopped", "")
+    return row
 
 
 def many_ranks(args, root: Path, clock: str) -> dict:

@@ -186,6 +186,7 @@ class Coordinator:
         self.failed_ranks: dict[int, float] = {}
         self._t_failure: float | None = None
         self.ordering_s = 0.0
+        self._rejected_streak = 0
         self.recovery_s: list[float] = []  # detection -> next model change (seconds)
         self.progress_after_failure_unix: list[float] = []
         self.exit_status = 0
@@ -514,6 +515,12 @@ class Coordinator:
                 self.tauc.update(self._norms)
                 self._norms = []
         self.version += 1
+        self._rejected_streak = 0
+        if not np.isfinite(self.global_model).all():
+            # diverged (e.g. poisoned updates averaged in by plain mean): every later update
+            # would be rejected, so stop here rather than loop
+            self.stopped = f"the global model became non-finite at version {self.version}"
+            self.exit_status = 3
         every = self.cfg["debug"]["forget_key_cache_every"]
         if every and self.version % every == 0:
             for dec in self.sparse_dec.values():
@@ -870,6 +877,14 @@ class Coordinator:
                 self._log("arrive", now, ev.device, ev.task)
                 if a is None:
                     self.lost_tasks += 1
+                    self._rejected_streak += 1
+                    if self._rejected_streak > 3 * self.num_devices:
+                        self.stopped = (
+                            f"the last {self._rejected_streak} updates were all rejected "
+                            "(see the log); nothing can change the model"
+                        )
+                        self.exit_status = 3
+                        break
                     dec = self.policy.lost(ev.device, now, self._available)
                 else:
                     dec = self.policy.arrived(a, self.version, now, self._available)
