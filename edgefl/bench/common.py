@@ -60,3 +60,26 @@ def run_simulate(out: Path, sets: list[str], timeout: float = 3600) -> None:
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
         raise SystemExit(f"edgefl: error: benchmark run failed: {' '.join(cmd)}")
+
+
+def runs_root(runs: str, name: str) -> Path:
+    """Where a benchmark keeps its run directories: ``--runs`` or runs/bench-NAME-<time>."""
+    import time
+
+    root = Path(runs or f"runs/bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def fleet_sets(args) -> list[str]:
+    """The ``--set`` overrides every simulate-based benchmark run shares (seed, fleet,
+    profiles; no checkpoints, quiet output) from its ``--seed --devices --ranks
+    --profiles`` options."""
+    return [
+        f"seed={args.seed}",
+        f"fleet.devices={args.devices}",
+        f"fleet.ranks={args.ranks}",
+        f"sim.profiles={args.profiles}",
+        "run.checkpoint_every=0",
+        "output.progress=quiet",
+    ]

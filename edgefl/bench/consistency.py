@@ -54,7 +54,7 @@ def _policy_args(spec: str) -> tuple[str, list[str]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .common import header, run_simulate, table, write_json
+    from .common import fleet_sets, header, run_simulate, runs_root, table, write_json
 
     cfg = {
         "policies": args.policies,
@@ -67,23 +67,17 @@ def main(args: argparse.Namespace) -> int:
         "overrides": args.overrides,
     }
     header(NAME, sys.argv, cfg, args.seed)
-    root = Path(args.runs or f"runs/bench-consistency-{time.strftime('%Y%m%d-%H%M%S')}")
-    root.mkdir(parents=True, exist_ok=True)
+    root = runs_root(args.runs, NAME)
     rows = []
     for spec in args.policies.split(","):
         label, sets = _policy_args(spec.strip())
         out = root / label
         sets += [
-            f"seed={args.seed}",
-            f"fleet.devices={args.devices}",
-            f"fleet.ranks={args.ranks}",
-            f"sim.profiles={args.profiles}",
+            *fleet_sets(args),
             "run.rounds=1000000",
             f"run.max_virtual_s={args.budget_s}",
             "run.eval_every=1000000",
             f"run.eval_every_s={args.budget_s / args.evals}",
-            "run.checkpoint_every=0",
-            "output.progress=quiet",
             *args.overrides,
         ]
         t0 = time.monotonic()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 NAME = "gddr"
@@ -39,22 +38,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .common import header, run_simulate, table, write_json
+    from .common import fleet_sets, header, run_simulate, runs_root, table, write_json
 
     cfg = {k: v for k, v in vars(args).items() if k not in ("func", "json")}
     header(NAME, sys.argv, cfg, args.seed)
-    root = Path(args.runs or f"runs/bench-gddr-{time.strftime('%Y%m%d-%H%M%S')}")
-    root.mkdir(parents=True, exist_ok=True)
-    common = [
-        f"seed={args.seed}",
-        f"fleet.devices={args.devices}",
-        f"fleet.ranks={args.ranks}",
-        f"sim.profiles={args.profiles}",
-        f"run.rounds={args.rounds}",
-        "run.checkpoint_every=0",
-        "output.progress=quiet",
-        *args.overrides,
-    ]
+    root = runs_root(args.runs, NAME)
+    common = [*fleet_sets(args), f"run.rounds={args.rounds}", *args.overrides]
     g = [
         "algorithm.residual=gddr",
         f"gddr.alpha={args.alpha}",

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 NAME = "hermes"
@@ -55,22 +54,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .common import header, run_simulate, table, write_json
+    from .common import fleet_sets, header, run_simulate, runs_root, table, write_json
 
     cfg = {k: v for k, v in vars(args).items() if k not in ("func", "json")}
     header(NAME, sys.argv, cfg, args.seed)
-    root = Path(args.runs or f"runs/bench-hermes-{time.strftime('%Y%m%d-%H%M%S')}")
-    root.mkdir(parents=True, exist_ok=True)
-    common = [
-        f"seed={args.seed}",
-        f"fleet.devices={args.devices}",
-        f"fleet.ranks={args.ranks}",
-        f"sim.profiles={args.profiles}",
-        "run.checkpoint_every=0",
-        "output.progress=quiet",
-        *DATA,
-        *args.overrides,
-    ]
+    root = runs_root(args.runs, NAME)
+    common = [*fleet_sets(args), *DATA, *args.overrides]
     run_simulate(root / "bsp", [*common, f"run.rounds={args.bsp_rounds}"])
     bsp = _load(root / "bsp")
     budget = bsp["summary"]["time_s"]

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .aggregation import Aggregator, Update
+from .aggregation import Aggregator, Update, ordered_updates
 from .gate import _int, _number
 
 MIN_LOSS = 1e-12  # a loss of exactly 0 is treated as this (weight 1e12, not a division by 0)
@@ -62,20 +62,6 @@ def _check_loss(loss: float, what: str) -> float:
     if math.isnan(x) or x < 0 or math.isinf(x):
         raise ValueError(f"{what} must be a finite loss >= 0, got {loss}")
     return max(x, MIN_LOSS)
-
-
-def _ordered(updates: Sequence[Update]) -> list[Update]:
-    """Updates sorted by (device, round); checks they are 1-D deltas of one size."""
-    if not updates:
-        raise ValueError("aggregate() needs at least one update")
-    ordered = sorted(updates, key=lambda u: (u.device, u.round))
-    size = ordered[0].delta.size
-    for u in ordered:
-        if u.delta.ndim != 1 or u.delta.size != size:
-            raise ValueError(
-                f"update of device {u.device} has shape {u.delta.shape}, expected ({size},)"
-            )
-    return ordered
 
 
 def _losses(updates: Sequence[Update], losses: Mapping[int, float] | None) -> np.ndarray:
@@ -150,7 +136,7 @@ class LossWeighted(Aggregator):
         ``losses`` maps device id to the candidate's test loss (default: ``Update.loss``).
         Between updates of the same round the global loss stays the one set before the round.
         """
-        return _to_out(self.combine(_ordered(updates), losses), out)
+        return _to_out(self.combine(ordered_updates(updates), losses), out)
 
     def combine(
         self, ordered: list[Update], losses: Mapping[int, float] | None = None
@@ -231,7 +217,7 @@ class LossSoftmax(Aggregator):
 
         ``losses`` maps device id to the candidate's test loss (default: ``Update.loss``).
         """
-        return _to_out(self.combine(_ordered(updates), losses), out)
+        return _to_out(self.combine(ordered_updates(updates), losses), out)
 
     def combine(
         self, ordered: list[Update], losses: Mapping[int, float] | None = None
