@@ -29,7 +29,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=",".join(str(s) for s in SIZES),
         help="payload sizes in bytes, comma-separated",
     )
-    p.add_argument("--trials", type=int, default=5, help="alternating trials per system")
+    p.add_argument("--trials", type=int, default=9, help="alternating trials per system")
     p.add_argument(
         "--mbytes-per-trial",
         type=float,

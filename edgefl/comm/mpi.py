@@ -146,11 +146,12 @@ class MPITransport(Transport):
             self._refresh_failures([dest], f"send failed: {e.Get_error_string()}")
             log.debug("rank %d: dropped kind %d to dead rank %d", self.rank, kind, dest)
             return
-        nbytes = HEADER_BYTES + (0 if payload is None else payload.nbytes)
-        self._pending.append((reqs, (header, payload), release, dest))
-        self.stats.msgs_sent[dest] += 1
-        self.stats.bytes_sent[dest] += nbytes
-        if len(self._pending) > 64:
+        pending = self._pending
+        pending.append((reqs, (header, payload), release, dest))
+        stats = self.stats
+        stats.msgs_sent[dest] += 1
+        stats.bytes_sent[dest] += HEADER_BYTES if payload is None else HEADER_BYTES + payload.nbytes
+        if len(pending) > 64:
             self._reap()
 
     def _abandon(self, reqs, bufs, release) -> None:

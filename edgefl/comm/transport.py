@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -28,21 +28,27 @@ log = logging.getLogger("edgefl.comm")
 
 
 class BufferPool:
-    """Reuses receive buffers by (bytes, dtype) so large payloads do not page-fault each time."""
+    """Reuses receive buffers by (elements, dtype) so large payloads do not page-fault each
+    time. Keyed by the dtype's one-letter code: every buffer comes from :meth:`get` with a
+    dtype of :data:`~edgefl.comm.wire.NUMPY_OF` (one byte order), and ``dtype.str`` costs
+    more than the rest of a lookup."""
 
     def __init__(self, max_per_key: int = 4) -> None:
-        self._free: dict[tuple[int, str], list[np.ndarray]] = defaultdict(list)
+        self._free: dict[tuple[int, str], list[np.ndarray]] = {}
         self.max_per_key = max_per_key
 
     def get(self, count: int, dtype: np.dtype) -> np.ndarray:
-        free = self._free.get((count, dtype.str))
+        free = self._free.get((count, dtype.char))
         if free:
             return free.pop()
         return np.empty(count, dtype)
 
     def put(self, arr: np.ndarray) -> None:
-        free = self._free[(arr.size, arr.dtype.str)]
-        if len(free) < self.max_per_key:
+        key = (arr.size, arr.dtype.char)
+        free = self._free.get(key)
+        if free is None:
+            self._free[key] = [arr]
+        elif len(free) < self.max_per_key:
             free.append(arr)
 
 
@@ -96,7 +102,7 @@ class Transport(ABC):
         self.poll_max_s = poll_max_s
         self.pool = BufferPool()
         self.stats = Stats()
-        self._seq: dict[tuple[int, int, int], int] = defaultdict(int)
+        self._seq: dict[tuple[int, int, int], int] = {}
         self.failed: set[int] = set()
         self.retired: set[int] = set()
         self._dead: set[int] = set()  # failed or retired: nothing goes to or comes from them
@@ -165,8 +171,9 @@ class Transport(ABC):
     def next_seq(self, dest: int, device: int, kind: Kind) -> int:
         """Next sequence number for (dest, device, kind), starting at 1."""
         key = (dest, device, int(kind))
-        self._seq[key] += 1
-        return self._seq[key]
+        seq = self._seq.get(key, 0) + 1
+        self._seq[key] = seq
+        return seq
 
     def send(
         self,
@@ -264,24 +271,26 @@ class Transport(ABC):
         """Count a fully received message; None if it is a duplicate (then it is dropped)."""
         if self.liveness is not None:
             self.liveness.heard(src, time.monotonic())
-        self.stats.msgs_recv[src] += 1
-        self.stats.bytes_recv[src] += HEADER_BYTES + h.nbytes
+        stats = self.stats
+        stats.msgs_recv[src] += 1
+        stats.bytes_recv[src] += HEADER_BYTES + h.nbytes
         if self.validator.is_duplicate(src, h):
-            self.stats.duplicates[src] += 1
+            stats.duplicates[src] += 1
             if pooled and payload is not None:
                 self.pool.put(payload)
             return None
+        # positional: this is on every message's path, and keyword parsing costs
         return Message(
-            kind=kind,
-            src=src,
-            device=h.device,
-            seq=h.seq,
-            round=h.round,
-            vtime=h.vtime,
-            aux=h.aux,  # type: ignore[arg-type]
-            payload=payload,
-            nbytes=h.nbytes,
-            _pooled=pooled and payload is not None,
+            kind,
+            src,
+            h.device,
+            h.seq,
+            h.round,
+            h.vtime,
+            h.aux,  # type: ignore[arg-type]
+            payload,
+            h.nbytes,
+            pooled and payload is not None,
         )
 
     def reject(self, src: int, reason: str) -> None:

@@ -165,9 +165,8 @@ def encode_header(
 
     ``chunk_bytes`` is the largest payload piece sent as one MPI message (bytes).
     """
-    return np.frombuffer(
-        pack_header(kind, device, seq, round_, vtime, payload, aux, chunk_bytes), np.uint8
-    )
+    raw = pack_header(kind, device, seq, round_, vtime, payload, aux, chunk_bytes)
+    return np.frombuffer(bytearray(raw), np.uint8)
 
 
 def pack_header(
@@ -179,13 +178,15 @@ def pack_header(
     payload: np.ndarray | None,
     aux: tuple[float, ...] = (),
     chunk_bytes: int = 1 << 30,
-) -> bytearray:
-    """:func:`encode_header` as a ``bytearray`` (the transports' fast path)."""
+) -> bytes:
+    """:func:`encode_header` as immutable ``bytes`` (the transports' fast path: MPI sends
+    read-only buffers as they are)."""
     code = nbytes = nchunks = 0
     if payload is not None:
-        c = _CODE_OF_CHAR.get(payload.dtype.str)
+        dt = payload.dtype
+        c = _FLOAT32_CODE if dt is _FLOAT32 else _CODE_OF_CHAR.get(dt.str)
         if c is None:
-            raise WireError(f"unsupported payload dtype {payload.dtype}")
+            raise WireError(f"unsupported payload dtype {dt}")
         code = c
         nbytes = payload.nbytes
         nchunks = -(-nbytes // chunk_bytes)
@@ -193,14 +194,15 @@ def pack_header(
             raise WireError(f"{nbytes} bytes need {nchunks} chunks of {chunk_bytes}; max 65535")
     if len(aux) != 4:
         aux = (*aux, 0.0, 0.0, 0.0, 0.0)[:4]
-    buf = bytearray(HEADER_BYTES)
-    _STRUCT.pack_into(
-        buf, 0, MAGIC, VERSION, kind, device, code, 0, nchunks, seq, round_, vtime, nbytes, *aux
+    return _STRUCT.pack(
+        MAGIC, VERSION, kind, device, code, 0, nchunks, seq, round_, vtime, nbytes, *aux
     )
-    return buf
 
 
 _NO_AUX = (0.0, 0.0, 0.0, 0.0)
+_FLOAT32 = NUMPY_OF[DType.FLOAT32]
+_FLOAT32_CODE = int(DType.FLOAT32)
+_new_header = tuple.__new__
 
 
 def num_chunks(nbytes: int, chunk_bytes: int) -> int:
@@ -226,7 +228,7 @@ def decode_header(buf: np.ndarray | bytes, nbytes: int | None = None) -> Header:
         v = _STRUCT.unpack_from(buf, 0)
     except struct.error:  # a buffer shorter than a header
         raise WireError(f"header shorter than {HEADER_BYTES} bytes") from None
-    h = Header(*v[:11], aux=v[11:])
+    h = _new_header(Header, (*v[:11], v[11:]))  # Header(...) without keyword parsing
     if h.magic != MAGIC:
         raise WireError(f"bad magic 0x{h.magic:x}")
     if h.version != VERSION:
@@ -236,6 +238,10 @@ def decode_header(buf: np.ndarray | bytes, nbytes: int | None = None) -> Header:
 
 _KINDS = {int(k): k for k in Kind}
 _DTYPES = {int(d): d for d in DType}
+# per kind code: (kind, spec, allowed dtype codes as ints); enum hashing is a Python call
+_SPEC_OF_CODE = {int(k): (k, s, frozenset(int(d) for d in s.dtypes)) for k, s in SPECS.items()}
+_ITEMSIZE = {int(d): t.itemsize for d, t in NUMPY_OF.items()}
+_UNCHECKED_DEVICE_KINDS = frozenset({int(Kind.REGISTER), int(Kind.ERROR), int(Kind.HEARTBEAT)})
 
 
 class Validator:
@@ -267,30 +273,31 @@ class Validator:
 
     def check(self, src: int, h: Header) -> Kind:
         """Return the message kind, or raise WireError saying why it is rejected."""
-        kind = _KINDS.get(h.kind)
-        if kind is None:
+        entry = _SPEC_OF_CODE.get(h.kind)
+        if entry is None:
             raise WireError(f"unknown kind {h.kind}")
-        spec = SPECS[kind]
-        if spec.direction == "up" and self.rank != 0:
+        kind, spec, allowed = entry
+        direction = spec.direction
+        if direction == "up" and self.rank != 0:
             raise WireError(f"{kind.name} may only be sent to the coordinator")
-        if spec.direction == "down" and src != 0:
+        if direction == "down" and src != 0:
             raise WireError(f"{kind.name} may only come from the coordinator (rank 0)")
-        code = _DTYPES.get(h.dtype)
-        if code is None:
-            raise WireError(f"unknown dtype code {h.dtype}")
+        code = h.dtype
+        itemsize = _ITEMSIZE.get(code)
+        if itemsize is None and code != DType.NONE:
+            raise WireError(f"unknown dtype code {code}")
         nbytes = h.nbytes
         if spec.payload == "none":
             if code != DType.NONE or nbytes:
                 raise WireError(f"{kind.name} carries no payload, got {nbytes} bytes")
         else:
-            if code not in spec.dtypes:
-                allowed = ",".join(d.name.lower() for d in spec.dtypes)
-                raise WireError(
-                    f"{kind.name} payload dtype {code.name.lower()}, expected {allowed}"
-                )
-            itemsize = NUMPY_OF[code].itemsize
+            if code not in allowed:
+                expected = ",".join(d.name.lower() for d in spec.dtypes)
+                got = DType(code).name.lower()
+                raise WireError(f"{kind.name} payload dtype {got}, expected {expected}")
             if nbytes == 0 or nbytes % itemsize:
-                raise WireError(f"{kind.name} payload of {nbytes} bytes for {code.name.lower()}")
+                got = DType(code).name.lower()
+                raise WireError(f"{kind.name} payload of {nbytes} bytes for {got}")
             if spec.payload == "model" and self.model_numel:
                 if nbytes != self.model_numel * itemsize:
                     raise WireError(
@@ -299,15 +306,14 @@ class Validator:
                     )
             if nbytes > self.max_payload_bytes:
                 raise WireError(f"{kind.name} payload of {nbytes} bytes exceeds the maximum")
-            if h.nchunks != num_chunks(nbytes, self.chunk_bytes):
+            if h.nchunks != -(-nbytes // self.chunk_bytes):
                 raise WireError(f"{h.nchunks} chunks for {nbytes} bytes")
-        device = h.device
-        if self.rank == 0 and src != 0 and kind not in (Kind.REGISTER, Kind.ERROR, Kind.HEARTBEAT):
+        if self.rank == 0 and src != 0 and h.kind not in _UNCHECKED_DEVICE_KINDS:
             hosted = self.hosted.get(src)
             if hosted is None:
                 raise WireError(f"{kind.name} from rank {src} before it registered")
-            if device not in hosted:
-                raise WireError(f"rank {src} does not host device {device}")
+            if h.device not in hosted:
+                raise WireError(f"rank {src} does not host device {h.device}")
         return kind
 
     def is_duplicate(self, src: int, h: Header) -> bool:
