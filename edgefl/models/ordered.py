@@ -9,6 +9,8 @@ is what PairBalance needs (Cooper et al., NeurIPS 2023).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -29,6 +31,7 @@ def ordered_epoch(
     task: str,
     grads: PerExampleGrads,
     device: str = "cpu",
+    on_step: Callable[[int, np.ndarray], None] | None = None,
 ) -> tuple[float, np.ndarray]:
     """Train one epoch visiting ``dataset`` in ``order``.
 
@@ -37,6 +40,9 @@ def ordered_epoch(
         batch_size: examples per SGD step (0 = the whole epoch in one step).
         lr / momentum / weight_decay: torch SGD coefficients (a fresh optimizer).
         grads: the per-example gradient helper bound to ``model``.
+        on_step: called after every step with (the step's first visit position, its
+            examples' gradients as float32 rows ``(b, numel)``, a view of the returned
+            array), so they can be shipped while the epoch goes on (default None).
 
     Returns (mean training loss in nats, float32 array ``(n, numel)`` of the examples'
     gradients in visit order).
@@ -64,6 +70,8 @@ def ordered_epoch(
         yb = y_all[idx].to(device)
         g, losses = grads(xb, yb)
         out[start : start + idx.numel()] = g.detach().cpu().numpy()
+        if on_step is not None:
+            on_step(start, out[start : start + idx.numel()])
         mean = g.mean(dim=0)
         offset = 0
         for p in params:

@@ -61,7 +61,7 @@ of the infinity norm of the running sum of centred gradients (see its docstring)
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -348,7 +348,7 @@ def _check_int(key: str, value: Any, lo: int) -> int:
     return int(value)
 
 
-class Orderer(ABC):
+class Orderer:
     """Decides every worker's unit order for the next epoch.
 
     Use: ``orders = o.initial_orders(sizes)`` for epoch 0 (or the epoch a run starts at);
@@ -474,6 +474,9 @@ class Orderer(ABC):
     ) -> list[np.ndarray]:
         """Orders of epoch ``self.epoch + 1`` from the gradients of epoch ``self.epoch``.
 
+        The whole epoch at once: the same as :meth:`begin_epoch`, one :meth:`EpochStream.add`
+        per worker and :meth:`EpochStream.finish`.
+
         Args:
             grads_by_worker: per worker a ``(n_w, width)`` array, one row per unit in visit
                 order (``None`` for a worker without gradients: it gets a D-RR order).
@@ -484,62 +487,55 @@ class Orderer(ABC):
 
         Raises ValueError on mismatched shapes, non-permutations or non-finite gradients.
         """
+        stream = self.begin_epoch(orders_used, sketched=sketched)
+        if self.needs_grads:
+            m = len(stream.sizes)
+            if grads_by_worker is None or len(grads_by_worker) != m:
+                got = None if grads_by_worker is None else len(grads_by_worker)
+                raise ValueError(f"{self.name}: gradients of {got} workers, {m} orders")
+            for w, g in enumerate(grads_by_worker):
+                if g is None:
+                    continue
+                a = _as_rows(g)
+                if a.shape[0] != stream.sizes[w]:
+                    raise ValueError(
+                        f"{self.name}: worker {w} sent {a.shape[0]} gradients for "
+                        f"{stream.sizes[w]} units"
+                    )
+                stream.add(w, a)
+        return stream.finish()
+
+    def begin_epoch(
+        self, orders_used: Sequence[np.ndarray] | None = None, *, sketched: bool = False
+    ) -> EpochStream:
+        """Start taking this epoch's gradients as they arrive (see :class:`EpochStream`).
+
+        ``orders_used`` / ``sketched`` as in :meth:`next_orders`. Raises ValueError if there
+        are no orders yet or one is not a permutation.
+        """
         if not self._orders and orders_used is None:
             raise ValueError(f"{self.name}: call initial_orders() before next_orders()")
         used = [np.asarray(o) for o in (self._orders if orders_used is None else orders_used)]
         for w, o in enumerate(used):
             if o.ndim != 1 or not np.array_equal(np.sort(o), np.arange(o.size)):
                 raise ValueError(f"{self.name}: orders_used[{w}] is not a permutation")
-        feats: list[np.ndarray | None] = [None] * len(used)
-        if self.needs_grads:
-            if grads_by_worker is None or len(grads_by_worker) != len(used):
-                got = None if grads_by_worker is None else len(grads_by_worker)
-                raise ValueError(f"{self.name}: gradients of {got} workers, {len(used)} orders")
-            width = None
-            for w, g in enumerate(grads_by_worker):
-                if g is None:
-                    continue
-                a = np.asarray(g)
-                if a.ndim == 1:
-                    a = a.reshape(-1, 1)
-                elif a.ndim > 2:
-                    a = a.reshape(a.shape[0], math.prod(a.shape[1:]))
-                if a.shape[0] != used[w].size:
-                    raise ValueError(
-                        f"{self.name}: worker {w} sent {a.shape[0]} gradients for "
-                        f"{used[w].size} units"
-                    )
-                if self.sketch is not None and not sketched:
-                    a = self.sketch(a)
-                elif self.sketch is not None and a.shape[1] != self.sketch_dim:
-                    raise ValueError(
-                        f"{self.name}: worker {w} sent sketches of width {a.shape[1]}, "
-                        f"sketch_dim is {self.sketch_dim}"
-                    )
-                if width is not None and a.shape[1] != width:
-                    raise ValueError(f"{self.name}: worker {w} gradient width {a.shape[1]}")
-                width = a.shape[1]
-                if not np.all(np.isfinite(a)):
-                    raise ValueError(f"{self.name}: worker {w} sent non-finite gradients")
-                feats[w] = a
         self._resize_workers(len(used))
-        nxt = self.epoch + 1
-        self.last_signs = [np.zeros(0, np.int8) for _ in used]
-        signs = self._signs(feats)
-        new: list[np.ndarray] = []
-        for w, o in enumerate(used):
-            if signs[w] is None:
-                new.append(self.shuffled(w, o.size, nxt))
-            else:
-                self.last_signs[w] = signs[w]
-                new.append(reorder(o, signs[w]))
-        self.epoch = nxt
-        self._orders = new
-        return self.orders
+        return EpochStream(self, used, sketched)
 
-    @abstractmethod
-    def _signs(self, feats: list[np.ndarray | None]) -> list[np.ndarray | None]:
-        """Per-visit signs per worker (None: D-RR for that worker)."""
+    # -- streaming hooks (see EpochStream) ----------------------------------------------------
+
+    def _stream_start(self, st: EpochStream) -> None:
+        """Set up this ordering's per-epoch decision state on ``st``."""
+
+    def _stream_rows(self, st: EpochStream, w: int, first: int, rows: np.ndarray) -> None:
+        """Rows ``first ..`` of worker ``w`` (float64, in ``st.buf[w]`` already) arrived."""
+
+    def _stream_advance(self, st: EpochStream, worker: int | None) -> None:
+        """Make every decision the rules allow now (``worker``: the one that just sent rows;
+        None: the epoch is over, every worker not in ``st.missing`` is complete)."""
+
+    def _stream_end(self, st: EpochStream) -> None:
+        """After the last decision, before the orders are built (e.g. keep means)."""
 
     # per-worker state hooks (only ID-GraB(Bal) keeps any)
     def _reset_workers(self, m: int) -> None:
@@ -616,14 +612,154 @@ class Orderer(ABC):
         pass
 
 
+def _as_rows(g: Any) -> np.ndarray:
+    """Gradients as a 2-D ``(units, width)`` array (a 1-D input is one value per unit)."""
+    a = np.asarray(g)
+    if a.ndim == 1:
+        return a.reshape(-1, 1)
+    if a.ndim > 2:
+        return a.reshape(a.shape[0], math.prod(a.shape[1:]))
+    return a
+
+
+class EpochStream:
+    """One epoch of an :class:`Orderer`, fed with gradients as they arrive.
+
+    Made by :meth:`Orderer.begin_epoch`. Each :meth:`add` appends rows of one worker (in
+    its visit order, any number at a time) and at once makes every balancing decision the
+    rules allow, so a coordinator can balance while the workers are still computing;
+    :meth:`finish` makes the rest and returns the next orders. The decisions, and so the
+    orders, are exactly those of :meth:`Orderer.next_orders` on the same rows (which is
+    implemented with this class), however the rows are split into calls and interleaved.
+
+    A worker that has not sent all its rows by :meth:`finish` (or was :meth:`drop`-ped) gets
+    a D-RR order. Any of its pairs already balanced stay in CD-GraB's shared sum: they were
+    real gradients of this epoch.
+
+    Attributes:
+        sizes: units per worker this epoch.
+        count: rows received per worker.
+        decisions: balancing decisions made so far.
+        seconds: time spent in :meth:`add` and :meth:`finish` (wall seconds).
+    """
+
+    def __init__(self, orderer: Orderer, used: list[np.ndarray], sketched: bool) -> None:
+        self.orderer = orderer
+        self.epoch = orderer.epoch
+        self.used = used
+        self.sizes = [int(o.size) for o in used]
+        self.sketched = bool(sketched)
+        self.width: int | None = None
+        m = len(used)
+        self.buf: list[np.ndarray | None] = [None] * m  # float64 rows as received
+        self.diffs: list[np.ndarray | None] = [None] * m  # pair differences (pair orderers)
+        self.count = [0] * m
+        self.signs = [np.zeros(n, np.int8) for n in self.sizes]
+        self.missing: set[int] = set()
+        self.decisions = 0
+        self.seconds = 0.0
+        self.finished = False
+        orderer._stream_start(self)
+
+    def pairs_ready(self, w: int) -> int:
+        """Pairs of worker ``w`` whose two rows have both arrived."""
+        return self.count[w] // 2
+
+    def add_pair_differences(self, w: int, first: int, last: int) -> None:
+        """PairBalance vectors of the pairs completed by rows ``first .. last - 1``."""
+        k0, k1 = first // 2, last // 2
+        if k1 <= k0:
+            return
+        if self.diffs[w] is None:
+            self.diffs[w] = np.empty((self.sizes[w] // 2, self.width), np.float64)
+        b = self.buf[w]
+        self.diffs[w][k0:k1] = b[2 * k0 : 2 * k1 : 2] - b[2 * k0 + 1 : 2 * k1 : 2]
+
+    def add(self, worker: int, grads: Any) -> int:
+        """Rows ``(r, width)`` of ``worker``, following those it sent before; returns the
+        decisions made. Raises ValueError (and keeps nothing of the call) for an unknown or
+        dropped worker, more rows than units, a wrong width, or non-finite values."""
+        t0 = time.perf_counter()
+        o = self.orderer
+        if self.finished:
+            raise ValueError(f"{o.name}: epoch {self.epoch} is already finished")
+        if not 0 <= worker < len(self.sizes):
+            raise ValueError(f"{o.name}: no worker {worker} (this epoch has {len(self.sizes)})")
+        if not o.needs_grads:
+            return 0
+        if worker in self.missing:
+            raise ValueError(f"{o.name}: worker {worker} was dropped from epoch {self.epoch}")
+        a = _as_rows(grads)
+        if o.sketch is not None and not self.sketched:
+            a = o.sketch(a)
+        elif o.sketch is not None and a.shape[1] != o.sketch_dim:
+            raise ValueError(
+                f"{o.name}: worker {worker} sent sketches of width {a.shape[1]}, "
+                f"sketch_dim is {o.sketch_dim}"
+            )
+        if self.width is not None and a.shape[1] != self.width:
+            raise ValueError(f"{o.name}: worker {worker} gradient width {a.shape[1]}")
+        first, n = self.count[worker], self.sizes[worker]
+        if first + a.shape[0] > n:
+            raise ValueError(
+                f"{o.name}: worker {worker} sent {first + a.shape[0]} gradients for {n} units"
+            )
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{o.name}: worker {worker} sent non-finite gradients")
+        if self.width is None:
+            self.width = int(a.shape[1])
+        if self.buf[worker] is None:
+            self.buf[worker] = np.empty((n, self.width), np.float64)
+        last = first + a.shape[0]
+        rows = self.buf[worker][first:last]
+        rows[...] = a
+        o._stream_rows(self, worker, first, rows)  # may raise: count is not advanced yet
+        self.count[worker] = last
+        before = self.decisions
+        o._stream_advance(self, worker)
+        self.seconds += time.perf_counter() - t0
+        return self.decisions - before
+
+    def drop(self, worker: int) -> None:
+        """``worker`` will not complete this epoch (it died): D-RR order for it next epoch."""
+        self.missing.add(worker)
+
+    def finish(self) -> list[np.ndarray]:
+        """Make the remaining decisions and return the orders of the next epoch (the
+        orderer moves to it, as after :meth:`Orderer.next_orders`)."""
+        t0 = time.perf_counter()
+        o = self.orderer
+        if self.finished:
+            raise ValueError(f"{o.name}: epoch {self.epoch} is already finished")
+        if o.epoch != self.epoch:
+            raise ValueError(
+                f"{o.name}: this stream is for epoch {self.epoch}, the orderer is at {o.epoch}"
+            )
+        if o.needs_grads:
+            self.missing.update(w for w, n in enumerate(self.sizes) if self.count[w] != n)
+            o._stream_advance(self, None)
+        nxt = o.epoch + 1
+        o.last_signs = [np.zeros(0, np.int8) for _ in self.used]
+        new: list[np.ndarray] = []
+        for w, u in enumerate(self.used):
+            if not o.needs_grads or w in self.missing:
+                new.append(o.shuffled(w, u.size, nxt))
+            else:
+                o.last_signs[w] = self.signs[w]
+                new.append(reorder(u, self.signs[w]))
+        o._stream_end(self)
+        o.epoch = nxt
+        o._orders = new
+        self.finished = True
+        self.seconds += time.perf_counter() - t0
+        return o.orders
+
+
 class RandomReshuffle(Orderer):
     """D-RR: each worker reshuffles its own units every epoch with its own seed."""
 
     name = "rr"
     needs_grads = False
-
-    def _signs(self, feats: list[np.ndarray | None]) -> list[np.ndarray | None]:
-        return [None] * len(feats)
 
 
 class IndependentPairGraB(Orderer):
@@ -631,42 +767,69 @@ class IndependentPairGraB(Orderer):
 
     name = "id-grab"
 
-    def _signs(self, feats: list[np.ndarray | None]) -> list[np.ndarray | None]:
-        out: list[np.ndarray | None] = []
-        for f in feats:
-            if f is None:
-                out.append(None)
+    def _stream_start(self, st: EpochStream) -> None:
+        st.sums = [None] * len(st.sizes)
+        st.next_pair = [0] * len(st.sizes)
+
+    def _stream_rows(self, st: EpochStream, w: int, first: int, rows: np.ndarray) -> None:
+        st.add_pair_differences(w, first, first + rows.shape[0])
+
+    def _stream_advance(self, st: EpochStream, worker: int | None) -> None:
+        for w in range(len(st.sizes)) if worker is None else (worker,):
+            if w in st.missing:
                 continue
-            diffs = pair_differences(f)
-            s = np.zeros(f.shape[1], np.float64)
-            ps = np.array([balance(s, v) for v in diffs], np.int8)
-            out.append(pair_item_signs(ps, f.shape[0]))
-        return out
+            done, ready = st.next_pair[w], st.pairs_ready(w)
+            if done >= ready:
+                continue
+            if st.sums[w] is None:
+                st.sums[w] = np.zeros(st.width, np.float64)
+            s, diffs, signs = st.sums[w], st.diffs[w], st.signs[w]
+            for k in range(done, ready):
+                eps = balance(s, diffs[k])
+                signs[2 * k] = eps
+                signs[2 * k + 1] = -eps
+            st.decisions += ready - done
+            st.next_pair[w] = ready
 
 
 class CDGraB(Orderer):
-    """CD-GraB: PairBalance of all workers against one shared sum (pair outer, worker inner)."""
+    """CD-GraB: PairBalance of all workers against one shared sum (pair outer, worker inner).
+
+    Streaming: decision ``(pair k, worker w)`` is made as soon as every decision before it in
+    that order is made and worker ``w``'s rows ``2k, 2k+1`` arrived, so with workers shipping
+    rows as they go the balancing keeps pace with the slowest worker.
+    """
 
     name = "cd-grab"
 
-    def _signs(self, feats: list[np.ndarray | None]) -> list[np.ndarray | None]:
-        diffs = [None if f is None else pair_differences(f) for f in feats]
-        live = [w for w, dv in enumerate(diffs) if dv is not None]
-        if not live:
-            return [None] * len(feats)
-        width = feats[live[0]].shape[1]  # type: ignore[union-attr]
-        s = np.zeros(width, np.float64)
-        pair_signs = {w: np.zeros(diffs[w].shape[0], np.int8) for w in live}  # type: ignore[union-attr]
-        most = max(diffs[w].shape[0] for w in live)  # type: ignore[union-attr]
-        for k in range(most):
-            for w in live:
-                dv = diffs[w]
-                if k < dv.shape[0]:  # type: ignore[union-attr]
-                    pair_signs[w][k] = balance(s, dv[k])  # type: ignore[index]
-        return [
-            None if f is None else pair_item_signs(pair_signs[w], f.shape[0])
-            for w, f in enumerate(feats)
-        ]
+    def _stream_start(self, st: EpochStream) -> None:
+        st.pairs = [n // 2 for n in st.sizes]
+        st.most = max(st.pairs, default=0)
+        st.k = 0  # the frontier: next decision is (pair st.k, worker st.wi)
+        st.wi = 0
+        st.sum = None
+
+    def _stream_rows(self, st: EpochStream, w: int, first: int, rows: np.ndarray) -> None:
+        st.add_pair_differences(w, first, first + rows.shape[0])
+
+    def _stream_advance(self, st: EpochStream, worker: int | None) -> None:
+        m, pairs, missing = len(st.sizes), st.pairs, st.missing
+        k, wi = st.k, st.wi
+        while k < st.most:
+            if k < pairs[wi] and wi not in missing:
+                if st.pairs_ready(wi) <= k:
+                    break  # wait for worker wi's pair k (never at the end: it is complete)
+                if st.sum is None:
+                    st.sum = np.zeros(st.width, np.float64)
+                eps = balance(st.sum, st.diffs[wi][k])
+                st.signs[wi][2 * k] = eps
+                st.signs[wi][2 * k + 1] = -eps
+                st.decisions += 1
+            wi += 1
+            if wi == m:
+                wi = 0
+                k += 1
+        st.k, st.wi = k, wi
 
 
 class IndependentBalGraB(Orderer):
@@ -685,24 +848,37 @@ class IndependentBalGraB(Orderer):
     def _resize_workers(self, m: int) -> None:
         self._means = (self._means + [None] * m)[:m]
 
-    def _signs(self, feats: list[np.ndarray | None]) -> list[np.ndarray | None]:
-        out: list[np.ndarray | None] = []
-        for w, f in enumerate(feats):
-            if f is None:
-                out.append(None)
+    def _stream_start(self, st: EpochStream) -> None:
+        st.sums = [None] * len(st.sizes)
+        st.next_unit = [0] * len(st.sizes)
+        st.vs = [None] * len(st.sizes)
+
+    def _stream_rows(self, st: EpochStream, w: int, first: int, rows: np.ndarray) -> None:
+        mean = self._means[w]
+        if mean is not None and mean.size != st.width:
+            raise ValueError(
+                f"{self.name}: worker {w} gradient width {st.width}, stale mean {mean.size}"
+            )
+        if st.vs[w] is None:
+            st.vs[w] = np.empty((st.sizes[w], st.width), np.float64)
+        st.vs[w][first : first + rows.shape[0]] = rows if mean is None else rows - mean
+
+    def _stream_advance(self, st: EpochStream, worker: int | None) -> None:
+        for w in range(len(st.sizes)) if worker is None else (worker,):
+            if w in st.missing or st.next_unit[w] >= st.count[w]:
                 continue
-            g = f.astype(np.float64)
-            mean = self._means[w]
-            if mean is not None and mean.size != g.shape[1]:
-                raise ValueError(
-                    f"{self.name}: worker {w} gradient width {g.shape[1]}, stale mean {mean.size}"
-                )
-            v = g if mean is None else g - mean
-            s = np.zeros(g.shape[1], np.float64)
-            out.append(np.array([balance(s, row) for row in v], np.int8))
-            if g.shape[0]:
-                self._means[w] = g.mean(axis=0)
-        return out
+            if st.sums[w] is None:
+                st.sums[w] = np.zeros(st.width, np.float64)
+            s, vs, signs = st.sums[w], st.vs[w], st.signs[w]
+            for u in range(st.next_unit[w], st.count[w]):
+                signs[u] = balance(s, vs[u])
+            st.decisions += st.count[w] - st.next_unit[w]
+            st.next_unit[w] = st.count[w]
+
+    def _stream_end(self, st: EpochStream) -> None:
+        for w, n in enumerate(st.sizes):
+            if w not in st.missing and n:
+                self._means[w] = st.buf[w].mean(axis=0)
 
     def _means_state(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         width = max((x.size for x in self._means if x is not None), default=0)
