@@ -514,11 +514,14 @@ def test_bench_cdgrab_smoke(tmp_path, capsys):
         "epochs_to_rr_final_loss",
         "herding_bound_by_epoch",
         "ordering_overhead_fraction",
+        "ordering_cpu_fraction",
     }
     for r in rows:
         assert set(r) == fields
         assert len(r["train_loss_by_epoch"]) == 2 and len(r["herding_bound_by_epoch"]) == 2
         assert 0.0 <= r["ordering_overhead_fraction"] < 1.0
+        # what the epoch waits for is part of all the ordering work
+        assert r["ordering_overhead_fraction"] <= r["ordering_cpu_fraction"] + 1e-12
     assert rows[0]["epochs_to_rr_final_loss"] is not None  # D-RR reaches its own final loss
     # every ordering starts from the same model and D-RR order: identical first epoch
     assert len({r["train_loss_by_epoch"][0] for r in rows}) == 1
