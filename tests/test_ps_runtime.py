@@ -38,8 +38,11 @@ def test_sparse_pushes_cut_bytes_and_cache_misses_are_resent(tmp_path, launcher)
     assert forgetful["sparse_resends"] > 0
     assert forgetful["model_sha256"] == sparse["model_sha256"]
     assert forgetful["rejected"] == 0
-    # lossless encoding (float32 values, no filter): the same model as dense pushes
+    # lossless encoding (float32 values, no filter): the same model as dense pushes, bit
+    # for bit (nothing is held back, so the end-of-training flush applies nothing)
     assert sparse["final_accuracy"] == dense["final_accuracy"]
+    assert sparse["model_sha256"] == dense["model_sha256"]
+    assert sparse["rounds_done"] == dense["rounds_done"] == 8
 
 
 def test_significance_filter_holds_back_and_flushes(tmp_path, launcher):

@@ -54,6 +54,8 @@ class Kind(enum.IntEnum):
     RESIDUAL = 11  # up: GDDR-released values + the update's norm (float32); aux[3] = tau
     SPARSE = 12  # up: a filtered, compressed update (policies.compress encoding, uint8)
     RESEND = 13  # down: the SPARSE of (device, round) named a key list rank 0 lacks: resend
+    MODEL_KEYS = 14  # down: global model values at the rank's working-set keys (float32)
+    WORKSET = 15  # up: the sorted keys `device`'s data touches (int32/int64), sent once
 
 
 class DType(enum.IntEnum):
@@ -111,6 +113,8 @@ SPECS: dict[Kind, KindSpec] = {
     Kind.RESIDUAL: KindSpec("up", frozenset({DType.FLOAT32}), "any"),
     Kind.SPARSE: KindSpec("up", frozenset({DType.UINT8}), "any"),
     Kind.RESEND: KindSpec("down", frozenset({DType.NONE}), "none"),
+    Kind.MODEL_KEYS: KindSpec("down", frozenset({DType.FLOAT32}), "any"),
+    Kind.WORKSET: KindSpec("up", frozenset({DType.INT32, DType.INT64}), "any"),
 }
 
 

@@ -358,11 +358,39 @@ SCHEMA: dict[str, Any] = {
         "filters": _f(
             [],
             "list[str]",
-            "Worker-side filters in order (runtime: significant; kkt in bench ps only).",
+            "Worker-side filters of sparse pushes, in order: significant, kkt (kkt needs "
+            "server.l1 > 0).",
             choices=("significant", "kkt"),
         ),
         "sig_threshold": _f(
             0.0, "float", "significant: send entries whose change exceeds this.", min=0.0
+        ),
+        "kkt_margin": _f(
+            0.0,
+            "float",
+            "kkt: skip a zero weight only if lr x steps x |gradient| <= server.l1 - this "
+            "(delta units; larger skips less).",
+            min=0.0,
+        ),
+        "kkt_carry": _f(
+            False,
+            "bool",
+            "kkt: add skipped values to the coordinate's next update instead of holding them "
+            "until the final flush.",
+        ),
+        "pull": _f(
+            "full",
+            "str",
+            "What rank 0 sends a worker: the full model, or only the keys its devices' data "
+            "touches (working-set; logreg only, other models pull every key).",
+            choices=("full", "working-set"),
+        ),
+        "debug_bad_working_set": _f(
+            "none",
+            "str",
+            "Test hook: rank 1 sends its first device's working set malformed (rank 0 must "
+            "reject it and pull the full model to that rank).",
+            choices=("none", "unsorted", "out-of-range", "duplicate"),
         ),
         "value_dtype": _f(
             "float32",

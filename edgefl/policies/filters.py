@@ -406,6 +406,22 @@ class FilterChain(UpdateFilter):
             )
 
 
+_GOLDEN = 0.6180339887498949
+
+
+def mass_checksum(keys: Any, values: np.ndarray) -> float:
+    """A weighted sum ``sum_j r_j * values_j`` with fixed weights ``r_j = 1 + frac(j * phi)``
+    in [1, 2) (``phi`` the golden ratio's fractional part), in float64.
+
+    It is additive over messages, so the sum over everything a device produced equals the sum
+    over everything the receiver decoded iff no mass was lost (up to float rounding), and,
+    unlike a plain sum, it does not cancel for updates whose entries sum to 0 (e.g. the two
+    class rows of a 2-class softmax layer)."""
+    k = np.asarray(keys, np.float64)
+    r = 1.0 + np.modf(k * _GOLDEN)[0]
+    return float(np.dot(r, np.asarray(values, np.float64)))
+
+
 def _nonneg(x: Any, key: str) -> float:
     if isinstance(x, bool) or not isinstance(x, int | float | np.integer | np.floating):
         raise ConfigError(f"config key {key!r} = {x!r}: must be a number >= 0")

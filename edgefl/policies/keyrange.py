@@ -364,3 +364,13 @@ def rows_push_add(
     """Row-sparse push: ``param[rows] += scale * values`` in the flat vector; returns flat."""
     keys = layout.row_keys(name, rows)
     return scatter_add(flat, keys, np.asarray(values).reshape(-1), scale)
+
+
+def key_digest(keys: Any) -> int:
+    """A 48-bit BLAKE2b digest of a key list (its int64 little-endian bytes), exact as a
+    float64: the runtime puts it in a message header so a receiver can check it holds the
+    same key list as the sender before scattering values to those keys."""
+    import hashlib
+
+    raw = np.ascontiguousarray(np.asarray(keys, dtype="<i8")).tobytes()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=6).digest(), "little")

@@ -38,7 +38,12 @@ from .events import (
 )
 from .output import MetricsLog, Progress, summary_table
 from .placement import devices_of_rank
-from .policies import make_cfg_orderer, make_update_aggregator, make_update_filter
+from .policies import (
+    make_cfg_orderer,
+    make_update_aggregator,
+    make_update_filter,
+    working_set_pulls,
+)
 from .state import RESUME_MUST_MATCH, Task, checkpoint_state
 from .worker import CONTINUE, REFRESH
 
@@ -85,6 +90,16 @@ class Coordinator:
         self.start_time = 0.0  # clock seconds at the start (non-zero when resuming)
         self.history: list[dict] = []
         self.stopped = ""
+        # parameter-server working-set pulls (ps.pull = "working-set")
+        self.ws_dev: dict[int, np.ndarray] = {}  # device -> its accepted working set
+        self.ws_rank: dict[int, tuple[np.ndarray, int]] = {}  # rank -> (union keys, digest)
+        self.ws_rejected: list[int] = []  # devices whose WORKSET was rejected
+        self.ws_up: dict[int, int] = {}  # device -> WORKSET bytes received (header included)
+        # sparse pushes: device -> [checksum of all it produced (its flush says), checksum
+        # of all decoded here, sum of |decoded values|] (filters.mass_checksum)
+        self.ps_mass: dict[int, list[float]] = {}
+        self.ps_kkt = [0, 0]  # KKT entries skipped, seen (all devices)
+        self.ps_flushed_abs = 0.0  # sum of |values| of the final filter flushes
 
     # -- set-up -----------------------------------------------------------------------------
     def register(self) -> None:
@@ -131,6 +146,80 @@ class Coordinator:
                     }
                 self.t.validator.hosted[msg.src] = frozenset(got)
                 waiting.discard(msg.src)
+        if working_set_pulls(self.cfg):
+            self._collect_working_sets(time.monotonic() + timeout)
+
+    def _collect_working_sets(self, deadline: float) -> None:
+        """ps.pull = "working-set": ask every worker for its devices' working sets (a
+        HEARTBEAT: all ranks are registered, so their WORKSETs pass the wire checks now);
+        each sends one WORKSET per device, then a HEARTBEAT. A malformed one (not sorted,
+        not unique, outside the model) is rejected and logged; that rank then gets full
+        models. A resumed run asks again (nothing of this is checkpointed)."""
+        from ..policies.keyrange import check_keys, key_digest
+
+        numel = self.global_model.size
+        for w in self.workers:
+            self.t.send(w, Kind.HEARTBEAT)
+        waiting = set(self.workers)
+        while waiting:
+            waiting -= self.t.failed
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                log.warning(
+                    "ranks %s sent no working sets within comm.register_timeout_s; they get "
+                    "full models", sorted(waiting)
+                )  # fmt: skip
+                break
+            for msg in self.t.poll(timeout=0.5):
+                if msg.kind == Kind.ERROR:
+                    raise WorkerFailed(error_text(msg))
+                if msg.kind == Kind.HEARTBEAT:
+                    waiting.discard(msg.src)
+                elif msg.kind == Kind.WORKSET:
+                    d = msg.device
+                    try:
+                        keys = check_keys(msg.payload, numel, "keys")
+                    except ValueError as e:
+                        self.t.reject(msg.src, f"WORKSET of rank {msg.src}, device {d}: {e}")
+                        self.ws_rejected.append(d)
+                    else:
+                        self.ws_dev[d] = keys.copy()
+                        self.ws_up[d] = self.ws_up.get(d, 0) + HEADER_BYTES + msg.nbytes
+                else:
+                    log.warning("ignoring %s from rank %d (expected WORKSET)", msg.kind.name,
+                                msg.src)  # fmt: skip
+                self.t.release(msg)
+        for w in self.workers:
+            devs = [d for d, v in sorted(self.devices.items()) if v["rank"] == w]
+            if not devs or any(d not in self.ws_dev for d in devs):
+                continue
+            keys = np.unique(np.concatenate([self.ws_dev[d] for d in devs]))
+            if keys.size < numel:
+                self.ws_rank[w] = (keys, key_digest(keys))
+        full = sorted(set(self.workers) - set(self.ws_rank))
+        log.info("working-set pulls to ranks %s; full models to ranks %s", sorted(self.ws_rank),
+                 full)  # fmt: skip
+
+    def _send_model(self, rank: int) -> None:
+        """The current global model to ``rank``: whole (MODEL), or only the values at its
+        devices' working sets (MODEL_KEYS; aux = (number of keys, their key_digest))."""
+        ws = self.ws_rank.get(rank)
+        if ws is None:
+            self.t.send(rank, Kind.MODEL, round=self.version, payload=self.global_model)
+            return
+        keys, digest = ws
+        self.t.send(
+            rank, Kind.MODEL_KEYS, round=self.version, aux=(float(keys.size), float(digest)),
+            payload=self.global_model[keys],
+        )  # fmt: skip
+
+    def _down_bytes(self, d: int) -> int:
+        """Bytes a model download of device ``d`` moves (MODEL or MODEL_KEYS + TRAIN headers,
+        the values), counted as for one device per node: its own working set's values."""
+        rank = self.devices[d]["rank"]
+        n = self.ws_dev[d].size if rank in self.ws_rank else self.global_model.size
+        return 2 * HEADER_BYTES + 4 * n
 
     def restore(self) -> None:
         """Continue from the checkpoint given to the constructor."""
@@ -342,8 +431,7 @@ class Coordinator:
     def _dispatch(self, d: int, now: float) -> None:
         """Start a new task of ``d`` from the current model (model download + TRAIN)."""
         task = self._next_task(d)
-        model_bytes = self.global_model.nbytes
-        down = 2 * HEADER_BYTES + model_bytes
+        down = self._down_bytes(d)
         dev = self.devices[d]
         dev["bytes_down"] += down
         dev["msgs_down"] += 2
@@ -359,7 +447,7 @@ class Coordinator:
             return
         rank = dev["rank"]
         if self.rank_version.get(rank) != self.version:
-            self.t.send(rank, Kind.MODEL, round=self.version, payload=self.global_model)
+            self._send_model(rank)
             self.rank_version[rank] = self.version
         self._send_train(d, task, now, flags=0)
 
@@ -372,12 +460,12 @@ class Coordinator:
         refresh = self.refresh.pop(d, False)
         if refresh:
             base = self.version
-            model_bytes = self.global_model.nbytes
+            down = self._down_bytes(d)
             dev = self.devices[d]
-            dev["bytes_down"] += 2 * HEADER_BYTES + model_bytes
+            dev["bytes_down"] += down
             dev["msgs_down"] += 2
             dev["requests"] += 1
-            self._period["bytes_down"] += 2 * HEADER_BYTES + model_bytes
+            self._period["bytes_down"] += down
             self._period["msgs_down"] += 2
         self.inflight[d] = (task, base, t0)
         if not self._plan(d, task, now, download=refresh):
@@ -386,7 +474,7 @@ class Coordinator:
             rank = self.devices[d]["rank"]
             if self.rank_version.get(rank) != self.version:
                 self.t.wait_sends()
-                self.t.send(rank, Kind.MODEL, round=self.version, payload=self.global_model)
+                self._send_model(rank)
                 self.rank_version[rank] = self.version
             self._send_train(d, task, now, flags=CONTINUE | REFRESH)
         else:
@@ -427,7 +515,7 @@ class Coordinator:
             return True
         model_bytes = self.global_model.nbytes
         plan = plan_task(
-            self.profiles[d], self.cfg["seed"], d, task, now, 2 * HEADER_BYTES + model_bytes,
+            self.profiles[d], self.cfg["seed"], d, task, now, self._down_bytes(d),
             HEADER_BYTES + model_bytes, self._work(d), self.ref_s, download=download,
             upload=not self.gated,
         )  # fmt: skip
@@ -594,7 +682,7 @@ class Coordinator:
             row["test_loss"], row["test_accuracy"] = loss, acc
         per_dev = {}
         for a in arr:
-            up = HEADER_BYTES + a.delta.nbytes
+            up = HEADER_BYTES + a.msg.nbytes  # type: ignore[attr-defined]  # as sent
             per_dev[str(a.device)] = {"bytes_up": up, "msgs_up": 1, "time_s": a.seconds}
         row.update(self._period)
         if self.gated:  # the pushes (major updates) this version applied
@@ -631,23 +719,31 @@ class Coordinator:
     def _decode_sparse(self, d: int, task: int, msg: Message):
         """A parameter-server push: decode it; if it names a key list this coordinator does
         not hold (key cache miss), ask the device to resend it with the full index list."""
-        from ..policies.compress import Decoder, KeyCacheMiss, MessageError
+        from ..policies.compress import Decoder, KeyCacheMiss, MessageError, key_hash
 
         dec = self.sparse_dec.get(d)
         if dec is None:
             dec = self.sparse_dec[d] = Decoder(
                 self.global_model.size, self.cfg["ps"]["cache_entries"]
             )
+            if self.cfg["ps"]["key_cache"] and d in self.ws_dev:
+                # the device's accepted working set is its first cached key list: its
+                # pushes can name subsets of it as bitmaps from the start
+                ws = self.ws_dev[d]
+                dec.cache.put(key_hash(ws, self.global_model.size), ws)
         for _attempt in range(2):
             try:
-                out = dec.decode(msg.payload).to_dense().astype(np.float32)
+                got = dec.decode(msg.payload)
+                out = got.to_dense().astype(np.float32)
+                keys = np.flatnonzero(out) if got.keys is None else got.keys
+                self._book_mass(d, keys, out[keys])
                 return out, "", msg
             except KeyCacheMiss:
                 self.sparse_resends += 1
+                self._book_up(d, HEADER_BYTES + msg.nbytes)  # the message that missed
                 self.t.release(msg)
                 self.t.send(self.devices[d]["rank"], Kind.RESEND, device=d, round=task)
                 msg = self._wait_for((d, task))
-                self.devices[d]["bytes_up"] += HEADER_BYTES + msg.nbytes
             except MessageError as e:
                 return None, f"sparse update of device {d}: {e}", msg
         return None, f"sparse update of device {d}: key list still unknown after a resend", msg
@@ -764,6 +860,8 @@ class Coordinator:
         self.version = self.start_round
         if self.resume is not None:
             self._restore_clock(self.resume)
+        for d, up in sorted(self.ws_up.items()):  # WORKSET uploads (after restore's totals)
+            self._book_up(d, up)
         start = self.start_time
         self.ev = VirtualEvents(self.t, start) if self.virtual else WallEvents(self.t, start)
         self.owed: dict[int, int] = {}
@@ -933,10 +1031,72 @@ class Coordinator:
             task = self._next_task(d)
             self.t.send(self.devices[d]["rank"], Kind.TRAIN, device=d, round=task,
                         aux=(float(self.version), 0.0, 0.0, float(FLUSH)))  # fmt: skip
-            got += self._final_arrival((d, task), self._wait_for((d, task)), now)
+            arr = self._final_arrival((d, task), self._wait_for((d, task)), now)
+            if arr and not self.gddr:
+                self._book_flush(d, arr[0])
+            got += arr
+        if got and not self.gddr and not any(a.delta.any() for a in got):
+            # sparse pushes with nothing held back: no extra model version (so a lossless
+            # sparse run ends with the model a dense run ends with, server prox included)
+            for a in got:
+                self.t.release(a.msg)  # type: ignore[attr-defined]
+            got = []
         if got:
             self._log("flush", now, -1, -1, devices=len(got))
             self._apply(Apply("terms", got, [self.policy.weight(a.device) for a in got]), now)
+
+    def _book_flush(self, d: int, a: Arrival) -> None:
+        """Sparse pushes: a device's final flush (SPARSE; UPDATE from a device that never
+        pushed); its aux says (samples, mass_checksum of all it produced, KKT entries skipped,
+        KKT entries seen). Its bytes count as the device's upload."""
+        msg = a.msg  # type: ignore[attr-defined]
+        self.ps_mass.setdefault(d, [0.0, 0.0, 0.0])[0] = float(msg.aux[1])
+        if msg.kind == Kind.UPDATE:  # (SPARSE ones were booked when decoded)
+            keys = np.flatnonzero(a.delta)
+            self._book_mass(d, keys, a.delta[keys])
+        self.ps_flushed_abs += float(np.abs(a.delta).sum(dtype=np.float64))
+        self.ps_kkt[0] += int(msg.aux[2])
+        self.ps_kkt[1] += int(msg.aux[3])
+        self._book_up(d, HEADER_BYTES + msg.nbytes)
+
+    def _book_up(self, d: int, nbytes: int) -> None:
+        """A message of ``nbytes`` (header included) came up from device ``d``."""
+        dev = self.devices[d]
+        dev["bytes_up"] += nbytes
+        dev["msgs_up"] += 1
+        self._period["bytes_up"] += nbytes
+        self._period["msgs_up"] += 1
+
+    def _book_mass(self, d: int, keys: np.ndarray, values: np.ndarray) -> None:
+        from ..policies.filters import mass_checksum
+
+        m = self.ps_mass.setdefault(d, [0.0, 0.0, 0.0])
+        m[1] += mass_checksum(keys, values)
+        m[2] += float(np.abs(values).sum(dtype=np.float64))
+
+    def _ps_summary(self) -> dict | None:
+        """summary.json "ps": working-set pulls and sparse pushes (None when neither)."""
+        ps = self.cfg["ps"]
+        if not ps["sparse"] and ps["pull"] == "full":
+            return None
+        numel = self.global_model.size
+        out: dict = {"pull": ps["pull"], "filters": list(ps["filters"])}
+        if self.ws_dev or self.ws_rejected:
+            fr = [k.size / numel for k in self.ws_dev.values()]
+            out["working_set"] = {
+                "fraction": {str(d): k.size / numel for d, k in sorted(self.ws_dev.items())},
+                "fraction_mean": float(np.mean(fr)) if fr else None,
+                "rank_keys": {str(r): int(v[0].size) for r, v in sorted(self.ws_rank.items())},
+                "rejected_devices": sorted(self.ws_rejected),
+            }
+        if ps["sparse"]:
+            out["mass"] = {
+                str(d): {"produced": m[0], "received": m[1], "received_abs": m[2]}
+                for d, m in sorted(self.ps_mass.items())
+            }
+            out["flushed_abs"] = self.ps_flushed_abs
+            out["kkt_skipped"], out["kkt_seen"] = self.ps_kkt
+        return out
 
     def _wait_for(self, key: tuple[int, int]) -> Message:
         while key not in self.ev.stash:
@@ -1066,6 +1226,7 @@ class Coordinator:
             "dp_epsilon": self.aggregator.epsilon() if self.cfg["dp"]["enabled"] else None,
             "gddr": self._gddr_summary(),
             "sparse_resends": self.sparse_resends,
+            "ps": self._ps_summary(),
             "ordering": None
             if self.orderer is None
             else {

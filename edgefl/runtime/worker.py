@@ -77,12 +77,23 @@ class Worker:
         self.splits: dict = {}
         self.residual_on = cfg["algorithm"]["residual"] == "gddr"
         self.tasks_started = 0
-        from .policies import make_cfg_orderer
+        from .policies import WORKING_SET_MODELS, make_cfg_orderer, working_set_pulls
 
         self.orderer = make_cfg_orderer(cfg)  # used for its sketch only
         self.orders: dict[int, np.ndarray] = {}
         self.peer_failures = False  # some rank died during the job (see finalize)
         self.sparse_on = cfg["ps"]["sparse"]
+        self.kkt_on = self.sparse_on and "kkt" in cfg["ps"]["filters"]
+        self.ws_pull = working_set_pulls(cfg)  # rank 0 sends only working-set values
+        self.ws_known = cfg["model"]["name"] in WORKING_SET_MODELS and (
+            self.ws_pull or self.sparse_on
+        )
+        self.ws: dict[int, np.ndarray] = {}  # device -> its working set (sorted int64 keys)
+        self.ws_union: np.ndarray | None = None  # keys of this rank's MODEL_KEYS messages
+        self.ws_digest = 0
+        self.ws_sent = False
+        self.produced: dict[int, float] = {}  # device -> mass_checksum of all it produced
+        self._exempt: np.ndarray | None = None
         self.encoders: dict = {}
         self.filters: dict = {}
         self.last_sparse: dict = {}
@@ -129,6 +140,18 @@ class Worker:
                     "samples": int(self.data.num_samples(d)),
                 }
             )
+        if self.ws_known:
+            from ..policies.keyrange import ParamLayout
+            from .policies import device_working_set
+
+            layout = ParamLayout.from_flat(self.task.flat)
+            for d in self.devices:
+                self.ws[d] = device_working_set(layout, self.data.train(d))
+            if self.ws_pull and self.ws:
+                from ..policies.keyrange import key_digest
+
+                self.ws_union = np.unique(np.concatenate(list(self.ws.values())))
+                self.ws_digest = key_digest(self.ws_union)
         info = {
             "rank": self.rank,
             "host": socket.gethostname(),
@@ -170,7 +193,9 @@ class Worker:
         """Serve the coordinator until STOP; returns the exit status it asks for.
 
         MODEL messages are kept by version (a TRAIN names the version its task starts
-        from); TRAINs queue up and are trained one at a time, in the order they came.
+        from); TRAINs queue up and are trained one at a time, in the order they came. With
+        working-set pulls (``ps.pull``) a MODEL_KEYS message carries only the values at this
+        rank's working set; they are scattered into a full-size buffer of that version.
         """
         limit = 2 * self.cfg["comm"]["failure_timeout_s"]  # without ULFM: silence of rank 0
         heard = time.monotonic()
@@ -200,8 +225,12 @@ class Worker:
                     np.copyto(buf, msg.payload)
                     self.versions[msg.round] = buf
                     self.t.release(msg)
+                elif msg.kind == Kind.MODEL_KEYS:
+                    self._install_keys(msg)
                 elif msg.kind == Kind.RESEND:
                     self._resend(msg.device, msg.round)
+                elif msg.kind == Kind.HEARTBEAT and self.ws_pull and not self.ws_sent:
+                    self._send_working_sets()  # rank 0 registered every rank: asks for them
                 elif msg.kind == Kind.ORDER:
                     self.orders[msg.device] = np.array(msg.payload, np.int64)
                     self.t.release(msg)
@@ -227,6 +256,45 @@ class Worker:
                 device, task, version, spec = self.queue.popleft()
                 self.train(device, task, version, *spec)
                 self._forget_versions()
+
+    def _send_working_sets(self) -> None:
+        """One WORKSET per device (its sorted keys, int32 when they fit), then a HEARTBEAT
+        that tells rank 0 this rank sent them all (rank 0 rejects malformed ones)."""
+        numel = self.task.flat.numel
+        dt = np.int32 if numel < 2**31 else np.int64
+        bad = self.cfg["ps"]["debug_bad_working_set"]
+        for i, d in enumerate(self.devices):
+            keys = self.ws[d].astype(dt)
+            if bad != "none" and self.rank == 1 and i == 0:
+                keys = _malformed(keys, bad, numel)
+            self.t.send(0, Kind.WORKSET, device=d, payload=keys)
+        self.t.send(0, Kind.HEARTBEAT)
+        self.ws_sent = True
+
+    def _install_keys(self, msg) -> None:
+        """MODEL_KEYS: the global model's values at this rank's working-set keys become
+        model version ``msg.round``. Keys outside it keep the values of the newest version
+        held (zeros at first): no device's data touches them, so they never reach an update."""
+        from ..errors import EdgeflError
+
+        keys = self.ws_union
+        n, digest = int(msg.aux[0]), int(msg.aux[1])
+        if keys is None or n != keys.size or msg.payload.size != n or digest != self.ws_digest:
+            self.t.release(msg)
+            have = 0 if keys is None else keys.size
+            raise EdgeflError(
+                f"rank {self.rank}: MODEL_KEYS of model version {msg.round} carries "
+                f"{msg.payload.size} values for {n} keys (digest {digest:x}); this rank's "
+                f"working set has {have} keys (digest {self.ws_digest:x})"
+            )
+        buf = self._free.pop() if self._free else np.empty_like(self.global_model)
+        if self.versions:
+            np.copyto(buf, self.versions[max(self.versions)])
+        else:
+            buf.fill(0.0)
+        buf[keys] = msg.payload
+        self.versions[msg.round] = buf
+        self.t.release(msg)
 
     def _forget_versions(self) -> None:
         """Drop model versions no queued task needs (the newest one is kept)."""
@@ -295,6 +363,9 @@ class Worker:
             train_ds = torch.utils.data.Subset(train_ds, idx.tolist())
         gen = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, task, TRAIN))
         t0 = time.perf_counter()
+        ctx = None
+        if self.kkt_on:
+            ctx = self._kkt_context(device, model, train_ds, dev, self.versions[version], batch)
         if self.orderer is not None:
             loss = self._ordered(device, task, model, train_ds, dev)
         else:
@@ -347,7 +418,7 @@ class Worker:
             self._free.append(delta)
             return
         if self.sparse_on:
-            self._send_sparse(device, task, delta, aux)
+            self._send_sparse(device, task, delta, aux, ctx)
             self._free.append(delta)
             return
         if self._inject:
@@ -443,11 +514,43 @@ class Worker:
             payload=payload,
         )  # fmt: skip
 
-    def _send_sparse(self, device: int, task: int, delta, aux: tuple) -> None:
+    def _kkt_context(self, device: int, model, ds, dev: str, start: np.ndarray, batch: int):
+        """What the KKT filter tests against: the global weights the task starts from and
+        the gradient of the device's mean training loss there, scaled by ``train.lr`` x the
+        task's local SGD steps (the first-order size of its delta, so it compares with
+        ``server.l1``, the prox threshold in delta units). Over the device's working set
+        (logreg) or every key."""
+        from ..policies.filters import FilterContext
+
+        c = self.cfg["train"]
+        n = len(ds)
+        g = loss_gradient(model, ds, self.data.info.task, dev)
+        bs = batch or c["batch_size"]
+        bs = n if bs == 0 or bs >= n else bs
+        steps = c["local_steps"] if c["local_steps"] > 0 else c["local_epochs"] * -(-n // bs)
+        keys = self.ws.get(device)
+        if keys is None:
+            keys = np.arange(start.size, dtype=np.int64)
+        scale = float(c["lr"]) * steps
+        return FilterContext(keys, start[keys], g[keys].astype(np.float64) * scale)
+
+    def _exempt_keys(self) -> np.ndarray:
+        """Keys the KKT filter never skips: every parameter named ``*bias`` (dense,
+        unpenalised in the L1 model), as in ``edgefl bench ps``."""
+        if self._exempt is None:
+            from ..policies.keyrange import ParamLayout
+
+            layout = ParamLayout.from_flat(self.task.flat)
+            parts = [layout.range_of(n).keys() for n in layout.names if n.endswith("bias")]
+            self._exempt = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return self._exempt
+
+    def _send_sparse(self, device: int, task: int, delta, aux: tuple, ctx=None) -> None:
         """Parameter-server push: filter (what is held back stays in the device's filter
         residual), then encode (dense / index-value / cached key list, whichever is smaller)."""
-        from ..policies.compress import Encoder, round_values
-        from ..policies.filters import make_filter_chain
+        from ..policies.compress import Encoder, key_hash, round_values
+        from ..policies.filters import mass_checksum
+        from .policies import make_ps_filter_chain
 
         ps = self.cfg["ps"]
         if device not in self.encoders:
@@ -458,15 +561,46 @@ class Worker:
                 def q(v, dt=dt):
                     return round_values(v, dt)
 
-            self.filters[device] = make_filter_chain(ps, quantize=q)
+            self.filters[device] = make_ps_filter_chain(self.cfg, q, self._exempt_keys())
             self.encoders[device] = Encoder(
                 delta.size, ps["value_dtype"], ps["key_cache"], ps["cache_entries"]
             )
+            if ps["key_cache"] and self.ws_sent and device in self.ws:
+                # rank 0 caches the key list of an accepted WORKSET as this device's first
+                # entry (if it rejected it, the first push is a cache miss and is resent)
+                ws = self.ws[device]
+                self.encoders[device].cache.put(key_hash(ws, delta.size), ws)
         keys = np.flatnonzero(delta)
-        k, v = self.filters[device].apply(keys, delta[keys])
+        vals = delta[keys]
+        self.produced[device] = self.produced.get(device, 0.0) + mass_checksum(keys, vals)
+        k, v = self.filters[device].apply(keys, vals, ctx)
+        self._push_sparse(device, task, k, v, aux)
+
+    def _push_sparse(self, device: int, task: int, k: np.ndarray, v: np.ndarray, aux) -> None:
+        """Encode ``(k, v)`` with the device's encoder and send it as SPARSE. With key caching
+        and a working set (logreg), key lists are sent as bitmaps over the working set."""
+        from ..policies.compress import key_hash
+
+        enc = self.encoders[device]
+        base = self.ws.get(device) if self.cfg["ps"]["key_cache"] and k.size else None
+        if base is not None and not np.isin(k, base, assume_unique=True).all():
+            base = None
+        if base is not None and key_hash(base, enc.space) not in enc.cache:
+            # the first push (or the first after a resend): the working set's key list in
+            # full, with zeros where nothing is sent (the same update once decoded), so
+            # rank 0 caches it and later pushes name their keys as a bitmap over it
+            padded = np.zeros(base.size, np.float32)
+            padded[np.searchsorted(base, k)] = v
+            k, v = base, padded
+            enc.allow_dense = False  # a dense message would not cache the list
+            try:
+                msg = enc.encode(k, v)
+            finally:
+                enc.allow_dense = True
+        else:  # per-round filtered lists are not cached (they would evict the base)
+            msg = enc.encode(k, v, base=base, remember=base is None)
         self.last_sparse[device] = (task, k, v, aux)
-        enc = self.encoders[device].encode(k, v)
-        self.t.send(0, Kind.SPARSE, device=device, round=task, aux=aux, payload=enc.payload)
+        self.t.send(0, Kind.SPARSE, device=device, round=task, aux=aux, payload=msg.payload)
 
     def _resend(self, device: int, task: int) -> None:
         """Rank 0 lacked a cached key list: forget the cache, send the full index list."""
@@ -486,10 +620,17 @@ class Worker:
         held = np.zeros(self.global_model.size, np.float32)
         if device in self.residuals:
             held[:] = self.residuals[device].flush()
-        if device in self.filters:  # a filter's held-back mass (parameter-server pushes)
-            k, v = self.filters[device].flush()
-            held[k] += v
         aux = (float(self.data.num_samples(device)), 0.0, 0.0, 0.0)
+        if device in self.filters:  # a filter's held-back mass (parameter-server pushes)
+            chain = self.filters[device]
+            k, v = chain.flush()
+            kkt = [f for f in chain.filters if f.name == "kkt"]
+            # (samples, checksum of all it produced, KKT entries skipped, KKT entries seen):
+            # rank 0 checks that everything produced arrived (summary.json "ps")
+            aux = (aux[0], self.produced.get(device, 0.0), float(sum(f.skipped for f in kkt)),
+                   float(sum(f.seen for f in kkt)))  # fmt: skip
+            self._push_sparse(device, task, k, v, aux)  # encoded like every push
+            return
         self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux, payload=held)
 
     def _gate(self, device: int):
@@ -573,6 +714,62 @@ class _LocalState:
         self.base = base
         self.params = params
         self.iterations = 0
+
+
+def loss_gradient(
+    model: torch.nn.Module,
+    dataset,
+    task: str,
+    device: str = "cpu",
+    batch_size: int = 1024,
+) -> np.ndarray:
+    """Gradient of the mean training loss over ``dataset`` at the model's current parameters.
+
+    One forward/backward pass (batches of ``batch_size`` samples, default 1024, weighted by
+    their size) with torch autograd, in eval mode so it draws no randomness and moves no
+    batch-norm statistics; parameters and their ``.grad`` are left as they were (None).
+
+    Args:
+        model: any module of ``edgefl.models`` (loss: ``models.train.loss_fn``).
+        dataset: a dataset of ``(x, y)`` pairs.
+        task: ``"classification"`` or ``"lm"``.
+        device: torch device of the model.
+        batch_size: samples per forward pass.
+
+    Returns:
+        float32 numpy vector in ``FlatParams`` order (``named_parameters`` order).
+    """
+    from ..models.train import loss_fn
+
+    n = len(dataset)
+    params = [p for _, p in model.named_parameters()]
+    was_training = model.training
+    model.eval()
+    for p in params:
+        p.grad = None
+    try:
+        if n:
+            loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False)
+            for xb, yb in loader:
+                xb, yb = xb.to(device), yb.to(device)
+                (loss_fn(model(xb), yb, task) * (yb.shape[0] / n)).backward()
+        g = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        )
+    finally:
+        for p in params:
+            p.grad = None
+        model.train(was_training)
+    return g.detach().cpu().numpy().astype(np.float32, copy=False)
+
+
+def _malformed(keys: np.ndarray, how: str, numel: int) -> np.ndarray:
+    """Test hook ``ps.debug_bad_working_set``: a key list rank 0 must reject."""
+    if how == "unsorted":
+        return np.ascontiguousarray(keys[::-1])
+    if how == "duplicate":
+        return np.concatenate([keys[:1], keys])
+    return np.concatenate([keys, np.array([numel], keys.dtype)])  # out-of-range
 
 
 def error_payload(text: str) -> np.ndarray:
