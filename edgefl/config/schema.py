@@ -344,6 +344,13 @@ SCHEMA: dict[str, Any] = {
             choices=("example", "microbatch"),
         ),
         "microbatch": _f(1, "int", "Examples per unit when unit = microbatch.", min=1),
+        "ship": _f(
+            "step",
+            "str",
+            "When workers send their gradient rows: step (after every step, balanced as they "
+            "arrive) or epoch (one message at the end; always so for microbatch units).",
+            choices=("step", "epoch"),
+        ),
         "save_debug": _f(
             False, "bool", "Rank 0 saves each epoch's gradients and orders (ordering/*.npz)."
         ),

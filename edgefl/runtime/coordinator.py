@@ -274,7 +274,8 @@ class Coordinator:
         self.failed: dict[int, float] = {}
         self.failed_ranks: dict[int, float] = {}
         self._t_failure: float | None = None
-        self.ordering_s = 0.0
+        self.ordering_s = 0.0  # all balancing (stream adds + finish), seconds
+        self.ordering_wait_s = 0.0  # the part after the round's last update (finish), seconds
         self._rejected_streak = 0
         self.recovery_s: list[float] = []  # detection -> next model change (seconds)
         self.progress_after_failure_unix: list[float] = []
@@ -866,6 +867,9 @@ class Coordinator:
         self.ev = VirtualEvents(self.t, start) if self.virtual else WallEvents(self.t, start)
         self.owed: dict[int, int] = {}
         self.ev.received_hook = self._received
+        self._stream = None  # the open epoch of example ordering (EpochStream)
+        if self.orderer is not None:
+            self.ev.grads_hook = self._on_grads
         if out is not None and cfg["sim"]["event_log"]:
             mode = "a" if self.resume is not None else "w"
             self.events_log = open(out / "events.jsonl", mode, encoding="utf-8")  # noqa: SIM115
@@ -887,47 +891,74 @@ class Coordinator:
         return self.exit_status
 
     def _send_orders(self, orders: list[np.ndarray]) -> None:
+        """Send every device its order for the orderer's current epoch and open the epoch's
+        stream: the devices' GRADS are balanced as they arrive (docs/ordering.md)."""
         for d, o in zip(sorted(self.devices), orders):
             self.t.send(
                 self.devices[d]["rank"], Kind.ORDER, device=d, round=self.orderer.epoch,
                 payload=np.ascontiguousarray(o, np.int32),
             )  # fmt: skip
+        sketched = self.cfg["ordering"]["sketch_dim"] > 0
+        self._stream = self.orderer.begin_epoch(sketched=sketched)
+        self._stream_before = (
+            self.orderer.state_dict() if self.cfg["ordering"]["save_debug"] else None
+        )
+
+    def _on_grads(self, msg: Message) -> None:
+        """Feed one GRADS message (rows ``first .. first + n - 1`` of a device's epoch;
+        aux = (n, width, first, 0)) to the open stream. A message that does not fit (not the
+        device's task in flight, rows out of sequence, bad shape or values) is rejected and
+        the device gets a D-RR order next epoch (its rows of this epoch are incomplete)."""
+        d, st = msg.device, self._stream
+        devs = sorted(self.devices)
+        if st is None or d not in self.devices:
+            self.t.reject(msg.src, f"GRADS of device {d}: no ordering epoch open")
+            return
+        w = devs.index(d)
+        task = self.inflight.get(d, (None,))[0]
+        n, width, first = int(msg.aux[0]), int(msg.aux[1]), int(msg.aux[2])
+        if msg.round != task:
+            why = f"for task {msg.round}, device {d} is running task {task}"
+        elif n * width != msg.payload.size or n < 1:
+            why = f"{msg.payload.size} values are not {n} rows of {width}"
+        elif first != st.count[w]:
+            why = f"rows from {first}, expected from {st.count[w]}"
+        else:
+            why = None
+            try:
+                st.add(w, msg.payload.reshape(n, width))
+            except ValueError as e:
+                why = str(e)
+        if why is not None:
+            self.t.reject(msg.src, f"GRADS of device {d}: {why}")
+            if w not in st.missing:
+                st.drop(w)
 
     def _next_orders(self, arr: list[Arrival], now: float) -> None:
-        """CD-GraB & co.: the epoch's gradients decide every device's next order."""
-        devs = sorted(self.devices)
-        by = {a.device: a for a in arr}
-        grads: list[np.ndarray | None] = []
-        for d in devs:
-            a = by.get(d)
-            msg = self.ev.grads.pop((d, a.task), None) if a is not None else None
-            if msg is None:
-                grads.append(None)
-                continue
-            n, w = int(msg.aux[0]), int(msg.aux[1])
-            if n * w != msg.payload.size:
-                self.t.reject(msg.src, f"GRADS of device {d}: {msg.payload.size} values != {n}x{w}")
-                grads.append(None)
-            else:
-                grads.append(np.array(msg.payload).reshape(n, w))
-            self.t.release(msg)
+        """CD-GraB & co.: close the epoch's stream (devices without an update this round, or
+        with rows missing, get a D-RR order) and send every device its next order."""
+        st = self._stream
+        got = {a.device for a in arr}
+        for w, d in enumerate(sorted(self.devices)):
+            if d not in got and w not in st.missing:
+                st.drop(w)
+        used = [u.copy() for u in st.used]
         t0 = time.perf_counter()
-        before = self.orderer.state_dict() if self.cfg["ordering"]["save_debug"] else None
-        used = self.orderer.orders
-        sketched = self.cfg["ordering"]["sketch_dim"] > 0
-        try:
-            orders = self.orderer.next_orders(grads, sketched=sketched)
-        except ValueError as e:
-            log.error("ordering: %s; every device reshuffles this epoch", e)
-            orders = self.orderer.next_orders([None] * len(devs))
-        self.ordering_s += time.perf_counter() - t0
-        if before is not None and self.out_dir is not None:
+        orders = st.finish()
+        self.ordering_wait_s += time.perf_counter() - t0
+        self.ordering_s += st.seconds
+        if self._stream_before is not None and self.out_dir is not None:
             from ..policies.ordering import save_epoch_debug
 
+            grads = [
+                None if w in st.missing or not self.orderer.needs_grads else st.buf[w]
+                for w in range(len(st.sizes))
+            ]
             folder = self.out_dir / "ordering"
             folder.mkdir(exist_ok=True)
             path = folder / f"epoch-{self.orderer.epoch - 1:05d}.npz"
-            save_epoch_debug(path, before, grads, used, orders, sketched=sketched)
+            sketched = self.cfg["ordering"]["sketch_dim"] > 0
+            save_epoch_debug(path, self._stream_before, grads, used, orders, sketched=sketched)
         self._send_orders(orders)
 
     def _loop(self, rounds: int) -> None:
@@ -1151,7 +1182,12 @@ class Coordinator:
         if self.orderer is None:
             return None
         o = self.orderer
-        return {"name": o.name, "epochs": o.epoch, "seconds": self.ordering_s}
+        return {
+            "name": o.name,
+            "epochs": o.epoch,
+            "seconds": self.ordering_s,
+            "wait_seconds": self.ordering_wait_s,
+        }
 
     def _gddr_summary(self) -> dict | None:
         if not self.gddr:
@@ -1227,13 +1263,7 @@ class Coordinator:
             "gddr": self._gddr_summary(),
             "sparse_resends": self.sparse_resends,
             "ps": self._ps_summary(),
-            "ordering": None
-            if self.orderer is None
-            else {
-                "name": self.orderer.name,
-                "epochs": self.orderer.epoch,
-                "seconds": self.ordering_s,
-            },
+            "ordering": self._ordering_summary(),
             "reference_s_per_sample": self.ref_s,
             "lost_tasks": self.lost_tasks,
             "failed_devices": {str(d): t for d, t in sorted(self.failed.items())},

@@ -64,8 +64,8 @@ class _Source:
         self.stash: dict[tuple[int, int], Message] = {}
         self.failures: list[int] = []  # ranks found dead, not yet handed out as events
         self.cancelled: set[tuple[int, int]] = set()  # tasks of dead ranks
-        self.grads: dict[tuple[int, int], Message] = {}  # CD-GraB gradients by task
         self.received_hook = None  # called with every task answer as it is received
+        self.grads_hook = None  # called with every GRADS (CD-GraB rows) as it is received
 
     def cancel(self, device: int, task: int) -> None:
         """The task of a dead device will never report: skip its event."""
@@ -84,7 +84,11 @@ class _Source:
             if msg.kind == Kind.ERROR:
                 raise WorkerFailed(error_text(msg))
             if msg.kind == Kind.GRADS:
-                self.grads[(msg.device, msg.round)] = msg
+                if self.grads_hook is not None:
+                    self.grads_hook(msg)
+                else:
+                    log.warning("ignoring GRADS from rank %d: no example ordering", msg.src)
+                self.t.release(msg)
             elif msg.kind in (Kind.UPDATE, Kind.REPORT, Kind.RESIDUAL, Kind.SPARSE):
                 if self.received_hook is not None:
                     self.received_hook(msg)

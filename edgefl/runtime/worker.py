@@ -453,12 +453,19 @@ class Worker:
         if dev not in self.pe:
             self.pe[dev] = PerExampleGrads(model, self.data.info.task)
         c = self.cfg["train"]
+        # streamed: each step's rows go to rank 0 at once (example units only: a microbatch's
+        # gradient is known when all its examples were visited)
+        stream = o.needs_grads and self.cfg["ordering"]["ship"] == "step" and o.num_units(n) == n
+
+        def ship(first: int, rows: np.ndarray) -> None:
+            self._send_grads(device, task, first, rows)
+
         loss, g = ordered_epoch(
             model, ds, ex_order, batch_size=c["batch_size"], lr=c["lr"], momentum=c["momentum"],
             weight_decay=c["weight_decay"], task=self.data.info.task, grads=self.pe[dev],
-            device=dev,
+            device=dev, on_step=ship if stream else None,
         )  # fmt: skip
-        if o.needs_grads:
+        if o.needs_grads and not stream:
             if o.num_units(n) != n:  # microbatch units: the mean gradient of each unit
                 mb = self.cfg["ordering"]["microbatch"]
                 pos = np.empty(n, np.int64)
@@ -468,12 +475,17 @@ class Worker:
                     members = np.arange(u * mb, min((u + 1) * mb, n))
                     rows.append(g[pos[members]].mean(axis=0))
                 g = np.stack(rows).astype(np.float32)
-            g = np.ascontiguousarray(o.project(g), dtype=np.float32)
-            self.t.send(
-                0, Kind.GRADS, device=device, round=task,
-                aux=(float(g.shape[0]), float(g.shape[1]), 0.0, 0.0), payload=g.reshape(-1),
-            )  # fmt: skip
+            self._send_grads(device, task, 0, g)
         return loss
+
+    def _send_grads(self, device: int, task: int, first: int, rows: np.ndarray) -> None:
+        """One GRADS message: ``rows`` (units ``first ..`` of the epoch, visit order),
+        projected by the orderer's sketch; aux = (rows, width, first, 0)."""
+        g = np.ascontiguousarray(self.orderer.project(rows), dtype=np.float32)
+        self.t.send(
+            0, Kind.GRADS, device=device, round=task,
+            aux=(float(g.shape[0]), float(g.shape[1]), float(first), 0.0), payload=g.reshape(-1),
+        )  # fmt: skip
 
     def _residual(self, device: int):
         if device not in self.residuals:
