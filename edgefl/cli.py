@@ -138,8 +138,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if prof.endswith((".toml", ".csv")) and not Path(prof).is_absolute():
         cfg["sim"]["profiles"] = str(Path(prof).resolve())  # the ranks read the run's copy
     ranks = cfg["fleet"]["ranks"]
-    if ranks - 1 > cfg["fleet"]["devices"]:
-        ranks = cfg["fleet"]["devices"] + 1  # no idle worker ranks
+    servers = cfg["ps"]["servers"]  # server shard ranks 1..servers (docs/parameter-server.md)
+    if ranks - 1 - servers > cfg["fleet"]["devices"]:
+        ranks = cfg["fleet"]["devices"] + 1 + servers  # no idle worker ranks
+    if servers:
+        from .runtime.policies import check_shards
+
+        check_shards(cfg, ranks)
     if args.resume:
         load_checkpoint(args.resume)  # fail early on a missing or corrupt checkpoint
     _check_mpi4py()
@@ -166,8 +171,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     prepare_run_dir(run_dir, cfg, resuming=bool(args.resume))
     print(
-        f"edgefl simulate: {cfg['fleet']['devices']} devices on {ranks - 1} worker ranks + "
-        f"coordinator ({launcher.flavor} {launcher.version}), run directory {run_dir}",
+        f"edgefl simulate: {cfg['fleet']['devices']} devices on {ranks - 1 - servers} worker "
+        f"ranks + {f'{servers} server shards + ' if servers else ''}coordinator "
+        f"({launcher.flavor} {launcher.version}), run directory {run_dir}",
         flush=True,
     )
     status_file = run_dir / "exit_status"

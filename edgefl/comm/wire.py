@@ -56,6 +56,16 @@ class Kind(enum.IntEnum):
     RESEND = 13  # down: the SPARSE of (device, round) named a key list rank 0 lacks: resend
     MODEL_KEYS = 14  # down: global model values at the rank's working-set keys (float32)
     WORKSET = 15  # up: the sorted keys `device`'s data touches (int32/int64), sent once
+    # sharded server group (ps.servers = S > 0; ranks 1..S are shards, docs/parameter-server.md)
+    SHARD_MODEL = 16  # both: keys [aux0, aux1) of model version `round` (float32): rank 0 ->
+    #   shard (start/resume), shard -> worker (pull), shard -> rank 0 (after an apply)
+    SHARD_PUSH = 17  # both: worker -> shard: keys [aux0, aux1) of the update of (`device`,
+    #   task `round`), float32; aux2 = the model version the task started from
+    SHARD_PULL = 18  # down: rank 0 -> shard: send your range of version aux1 to rank aux0
+    SHARD_APPLY = 19  # down: rank 0 -> shard: aggregate into version `round` the updates
+    #   named by the float64 rows (device, task, samples, loss)
+    SHARD_STATS = 20  # up: shard -> rank 0 (asked by a HEARTBEAT): float64 (bytes sent,
+    #   bytes received, messages sent, messages received)
 
 
 class DType(enum.IntEnum):
@@ -115,6 +125,11 @@ SPECS: dict[Kind, KindSpec] = {
     Kind.RESEND: KindSpec("down", frozenset({DType.NONE}), "none"),
     Kind.MODEL_KEYS: KindSpec("down", frozenset({DType.FLOAT32}), "any"),
     Kind.WORKSET: KindSpec("up", frozenset({DType.INT32, DType.INT64}), "any"),
+    Kind.SHARD_MODEL: KindSpec("both", frozenset({DType.FLOAT32}), "any"),
+    Kind.SHARD_PUSH: KindSpec("both", frozenset({DType.FLOAT32}), "any"),
+    Kind.SHARD_PULL: KindSpec("down", frozenset({DType.NONE}), "none"),
+    Kind.SHARD_APPLY: KindSpec("down", frozenset({DType.FLOAT64}), "any"),
+    Kind.SHARD_STATS: KindSpec("up", frozenset({DType.FLOAT64}), "any"),
 }
 
 

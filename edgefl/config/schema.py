@@ -407,6 +407,14 @@ SCHEMA: dict[str, Any] = {
         ),
         "key_cache": _f(False, "bool", "Send a hash for an index list the receiver holds."),
         "cache_entries": _f(16, "int", "Key lists cached per device (LRU).", min=1),
+        "servers": _f(
+            0,
+            "int",
+            "Server shards S: ranks 1..S each own an even key range of the model; workers "
+            "push and pull the ranges there, rank 0 keeps control (0 = rank 0 serves the "
+            "whole model; > 0 needs BSP FedAvg; docs/parameter-server.md).",
+            min=0,
+        ),
     },
     "robust": {
         "trim_fraction": _f(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -76,7 +77,23 @@ class Coordinator:
         self.out_dir = out_dir
         self.resume = resume
         self.num_devices = cfg["fleet"]["devices"]
-        self.workers = list(range(1, transport.size))
+        # sharded server group (ps.servers = S > 0): ranks 1..S own key ranges of the model
+        self.servers = cfg["ps"]["servers"]
+        self.shards = list(range(1, self.servers + 1))
+        self.workers = list(range(self.servers + 1, transport.size))
+        self.shard_ranges = []
+        if self.servers:
+            from ..errors import ConfigError
+            from ..policies.keyrange import even_ranges
+
+            if self.servers > task.flat.numel:
+                raise ConfigError(
+                    f"config key 'ps.servers' = {self.servers}: more shards than model keys "
+                    f"({task.flat.numel})"
+                )
+            self.shard_ranges = even_ranges(task.flat.numel, self.servers)
+        self.shard_stats: dict[int, dict] = {}
+        self.shard_wait_s = 0.0  # rank 0 waiting for the shards' new ranges, seconds
         self.aggregator = make_update_aggregator(cfg, self.num_devices)
         self.update_filter = make_update_filter(cfg, task.flat.numel)
         from ..policies.server_opt import make_server_optimizer
@@ -106,7 +123,7 @@ class Coordinator:
         """Wait for every worker's REGISTER and check it hosts the expected devices."""
         timeout = self.cfg["comm"]["register_timeout_s"]
         deadline = time.monotonic() + timeout
-        waiting = set(self.workers)
+        waiting = set(self.workers) | set(self.shards)
         size = self.t.size
         while waiting:
             if time.monotonic() > deadline:
@@ -123,7 +140,11 @@ class Coordinator:
                     )
                     continue
                 info = json.loads(bytes(msg.payload).decode("utf-8"))
-                expect = devices_of_rank(msg.src, self.num_devices, size)
+                if msg.src in self.shards:
+                    self._register_shard(msg.src, info)
+                    waiting.discard(msg.src)
+                    continue
+                expect = devices_of_rank(msg.src, self.num_devices, size, self.servers)
                 got = [d["id"] for d in info["devices"]]
                 if got != expect:
                     raise EdgeflError(f"rank {msg.src} registered devices {got}, expected {expect}")
@@ -148,6 +169,22 @@ class Coordinator:
                 waiting.discard(msg.src)
         if working_set_pulls(self.cfg):
             self._collect_working_sets(time.monotonic() + timeout)
+
+    def _register_shard(self, rank: int, info: dict) -> None:
+        """A server shard's REGISTER: it must own the expected key range of the same model."""
+        r = self.shard_ranges[rank - 1]
+        got = (info.get("shard"), info.get("start"), info.get("stop"))
+        if got != (rank - 1, r.start, r.stop):
+            raise EdgeflError(
+                f"shard rank {rank} registered as (shard, start, stop) = {got}, expected "
+                f"{(rank - 1, r.start, r.stop)}"
+            )
+        if info["signature"] != self.task.signature:
+            raise EdgeflError(
+                f"shard rank {rank} built a different model ({info['signature']} vs "
+                f"{self.task.signature}); are all ranks using the same config?"
+            )
+        self.t.validator.hosted[rank] = frozenset({-1})  # its messages name no device
 
     def _collect_working_sets(self, deadline: float) -> None:
         """ps.pull = "working-set": ask every worker for its devices' working sets (a
@@ -204,6 +241,11 @@ class Coordinator:
     def _send_model(self, rank: int) -> None:
         """The current global model to ``rank``: whole (MODEL), or only the values at its
         devices' working sets (MODEL_KEYS; aux = (number of keys, their key_digest))."""
+        if self.servers:  # the shards send their ranges of this version (SHARD_MODEL)
+            for s in self.shards:
+                self.t.send(s, Kind.SHARD_PULL, round=self.version,
+                            aux=(float(rank), float(self.version)))  # fmt: skip
+            return
         ws = self.ws_rank.get(rank)
         if ws is None:
             self.t.send(rank, Kind.MODEL, round=self.version, payload=self.global_model)
@@ -218,6 +260,8 @@ class Coordinator:
         """Bytes a model download of device ``d`` moves (MODEL or MODEL_KEYS + TRAIN headers,
         the values), counted as for one device per node: its own working set's values."""
         rank = self.devices[d]["rank"]
+        if self.servers:  # one SHARD_MODEL per shard + TRAIN
+            return (self.servers + 1) * HEADER_BYTES + self.global_model.nbytes
         n = self.ws_dev[d].size if rank in self.ws_rank else self.global_model.size
         return 2 * HEADER_BYTES + 4 * n
 
@@ -328,6 +372,7 @@ class Coordinator:
             self._norms: list[float] = []
             self.gddr_stats = {"messages": 0, "values": 0, "replays": [], "replay_errors": []}
         self._global_loss: tuple[int, float] | None = None
+        self._shard_snap: dict | None = None  # ps.servers: the state of the last version
 
     def _calibrate(self) -> float:
         """Measure this machine's seconds per training sample once (sim.reference_s_per_sample
@@ -385,6 +430,26 @@ class Coordinator:
     def _rank_failed(self, rank: int, now: float) -> Decision:
         """A worker rank died (ULFM or time-out): its devices are dead from ``now``; their
         tasks are lost; GDDR replays their residuals. Returns the policy's decision."""
+        if rank in self.shards:
+            # no replication of the shards' ranges (ps.servers): stop at the last complete
+            # version (rank 0 holds it and checkpoints it)
+            self.failed_ranks[rank] = now
+            self.stopped = (
+                f"server shard rank {rank} failed; the sharded server group (ps.servers) has "
+                "no replication: resume from the latest checkpoint"
+            )
+            print(f"edgefl: {self.stopped}", flush=True)
+            self.exit_status = 3
+            snap = self._shard_snap
+            if self.out_dir is not None and snap is not None:
+                # the state as it was when this version was made (before the next round's
+                # tasks were dispatched), so a resume continues exactly as an uninterrupted
+                # run would (task numbers seed the training)
+                self.policy.load_state_dict(json.loads(snap["policy"]))
+                self.tasks, self.staleness = snap["tasks"], snap["staleness"]
+                self.devices = snap["devices"]
+                self.checkpoint(self.version, self.metrics.rows, snap["wall"], snap["now"])
+            return Decision()
         if rank == 0 or rank not in self.workers:
             return Decision()
         self.failed_ranks[rank] = now
@@ -515,9 +580,10 @@ class Coordinator:
             self.ev.schedule(0.0, ARRIVE, d, task)
             return True
         model_bytes = self.global_model.nbytes
+        up = (self.servers + 1) * HEADER_BYTES if self.servers else HEADER_BYTES
         plan = plan_task(
             self.profiles[d], self.cfg["seed"], d, task, now, self._down_bytes(d),
-            HEADER_BYTES + model_bytes, self._work(d), self.ref_s, download=download,
+            up + model_bytes, self._work(d), self.ref_s, download=download,
             upload=not self.gated,
         )  # fmt: skip
         for state, a, b in plan.intervals():
@@ -582,6 +648,11 @@ class Coordinator:
                 else:
                     step = self.aggregator.push(a.device, a.delta, cand)
             self.server_opt.step(self.global_model, step)
+        elif self.servers:
+            if ap.mode != "aggregate" or not self._shard_apply(arr):
+                if ap.mode != "aggregate":
+                    raise EdgeflError(f"ps.servers: a '{ap.mode}' apply is not supported")
+                return  # a shard failed: the run stops at the current version
         elif ap.mode == "aggregate":
             ups = [Update(a.device, a.delta, a.samples, a.loss, self.version) for a in arr]
             agg = self.aggregator.aggregate(ups, out=self.agg_buf)
@@ -633,6 +704,98 @@ class Coordinator:
             self._next_orders(arr, now)
         self._log("apply", now, -1, -1, updates=len(arr))
         self._row(arr, now)
+
+    # -- sharded server group (ps.servers > 0; docs/parameter-server.md) ------------------
+    def _send_shard_ranges(self) -> None:
+        """Start/resume: every shard gets its range of the current global model."""
+        for s, r in zip(self.shards, self.shard_ranges):
+            self.t.send(
+                s, Kind.SHARD_MODEL, round=self.version,
+                aux=(float(r.start), float(r.stop), 0.0, 0.0),
+                payload=self.global_model[r.start : r.stop],
+            )  # fmt: skip
+
+    def _shard_apply(self, arr: list[Arrival]) -> bool:
+        """Have the shards aggregate ``arr`` into the next version (each its range, with the
+        aggregator and server step rank 0 would use, elementwise: bit-identical) and
+        assemble it here (evaluation, metrics, checkpoints). False if a shard failed."""
+        rows = [(a.device, a.task, a.samples, a.loss) for a in arr]
+        payload = np.array(rows, np.float64).reshape(-1)
+        new = self.version + 1
+        for s in self.shards:
+            self.t.send(s, Kind.SHARD_APPLY, round=new, payload=payload)
+        t0 = time.perf_counter()
+        got = self._from_shards(Kind.SHARD_MODEL, new)
+        self.shard_wait_s += time.perf_counter() - t0
+        if got is None:
+            return False
+        self.t.wait_sends()  # (the apply lists)
+        for s, msg in sorted(got.items()):
+            r = self.shard_ranges[s - 1]
+            if (int(msg.aux[0]), int(msg.aux[1])) != (r.start, r.stop) or (
+                msg.payload.size != r.size
+            ):
+                raise EdgeflError(
+                    f"shard rank {s} sent {msg.payload.size} values for keys "
+                    f"[{int(msg.aux[0])}, {int(msg.aux[1])}); it owns [{r.start}, {r.stop})"
+                )
+            self.global_model[r.start : r.stop] = msg.payload
+            self.t.release(msg)
+        self.server_opt.t += 1  # (the shards stepped; the step count stays in the checkpoint)
+        return True
+
+    def _from_shards(self, kind: Kind, round_: int | None) -> dict[int, Message] | None:
+        """Wait for one ``kind`` message (of ``round_``; None = any) from every shard; what
+        else comes in meanwhile is kept for the event loop as it would have kept it. None
+        if a shard fails first (the run then stops, see :meth:`_rank_failed`)."""
+        got: dict[int, Message] = {}
+        limit = self.cfg["comm"]["failure_timeout_s"]
+        start = time.monotonic()
+        while len(got) < self.servers:
+            msgs = self.t.poll(timeout=0.5)
+            dead = self.t.take_failures()
+            if limit and time.monotonic() - start > limit:
+                for s in self.shards:
+                    if s not in got and self.t.declare_failed(s, f"silent for {limit:.0f} s"):
+                        dead.append(s)
+            for msg in msgs:
+                if msg.src in self.shards and msg.kind == kind and round_ in (None, msg.round):
+                    got[msg.src] = msg
+                elif msg.kind == Kind.ERROR:
+                    raise WorkerFailed(error_text(msg))
+                elif msg.kind in (Kind.UPDATE, Kind.REPORT, Kind.RESIDUAL, Kind.SPARSE):
+                    if self.ev.received_hook is not None:
+                        self.ev.received_hook(msg)
+                    old = self.ev.stash.get((msg.device, msg.round))
+                    if old is not None:
+                        self.t.release(old)
+                    self.ev.stash[(msg.device, msg.round)] = msg
+                else:
+                    log.warning("ignoring %s from rank %d", msg.kind.name, msg.src)
+                    self.t.release(msg)
+            for r in sorted(set(dead)):
+                if r in self.shards:
+                    for m in got.values():
+                        self.t.release(m)
+                    self._rank_failed(r, self.ev.now)
+                    return None
+                self.ev.failures.append(r)  # a worker: the event loop handles it
+        return got
+
+    def _collect_shard_stats(self) -> None:
+        """End of the run: every shard's wire counters (asked by a HEARTBEAT)."""
+        if self.stopped and self.failed_ranks.keys() & set(self.shards):
+            return
+        self.t.wait_sends()
+        for s in self.shards:
+            self.t.send(s, Kind.HEARTBEAT)
+        got = self._from_shards(Kind.SHARD_STATS, None)
+        for s, msg in sorted((got or {}).items()):
+            v = [int(x) for x in msg.payload[:4]]
+            self.shard_stats[s] = dict(
+                zip(("bytes_sent", "bytes_recv", "msgs_sent", "msgs_recv"), v, strict=False)
+            )
+            self.t.release(msg)
 
     def _filter(self, ap: Apply) -> tuple[list[Arrival], Apply]:
         """Norm bound (robust.norm_bound*): drop or clip outlying updates before use."""
@@ -699,6 +862,15 @@ class Coordinator:
             self.stopped = f"target accuracy {target} reached at round {r}"
         elif stop_at and r == stop_at and r < cfg["run"]["rounds"]:
             self.stopped = f"debug.stop_after_round = {stop_at}"
+        if self.servers:  # what a checkpoint of this version holds, should a shard die
+            self._shard_snap = {
+                "policy": json.dumps(self.policy.state_dict()),
+                "tasks": dict(self.tasks),
+                "staleness": dict(self.staleness),
+                "devices": copy.deepcopy(self.devices),
+                "wall": row["wall_time_s"],
+                "now": now,
+            }
         every = cfg["run"]["checkpoint_every"]
         final = r >= cfg["run"]["rounds"] or bool(self.stopped)
         if self.out_dir is not None and ((every and r % every == 0) or final):
@@ -817,6 +989,8 @@ class Coordinator:
         bad = ""
         if not all(math.isfinite(x) for x in msg.aux) or msg.aux[0] < 0 or msg.aux[2] < 0:
             bad = f"update from device {msg.device} with bad header values {msg.aux}"
+        elif self.servers:
+            pass  # the update went to the shards (the model's finiteness is checked)
         elif not np.isfinite(msg.payload).all():
             bad = f"non-finite update from device {msg.device}"
         delta = msg.payload
@@ -831,6 +1005,8 @@ class Coordinator:
             return None
         dev = self.devices[ev.device]
         up = HEADER_BYTES + msg.nbytes
+        if self.servers:  # S SHARD_PUSH pieces + this REPORT
+            up = (self.servers + 1) * HEADER_BYTES + self.global_model.nbytes
         dev["bytes_up"] += up
         dev["msgs_up"] += 1
         dev["rounds"] += 1
@@ -870,6 +1046,8 @@ class Coordinator:
         self._stream = None  # the open epoch of example ordering (EpochStream)
         if self.orderer is not None:
             self.ev.grads_hook = self._on_grads
+        if self.servers:
+            self._send_shard_ranges()
         if out is not None and cfg["sim"]["event_log"]:
             mode = "a" if self.resume is not None else "w"
             self.events_log = open(out / "events.jsonl", mode, encoding="utf-8")  # noqa: SIM115
@@ -877,6 +1055,8 @@ class Coordinator:
             self._loop(rounds)
             if self.gddr or self.cfg["ps"]["sparse"]:
                 self._flush_residuals()
+            if self.servers:
+                self._collect_shard_stats()
         finally:
             if self.events_log is not None:
                 self.events_log.close()
@@ -984,7 +1164,7 @@ class Coordinator:
                 dec = self._rank_failed(ev.token, now)
                 self._execute(dec, now)
                 continue
-            if ev.kind == ARRIVE and ev.msg.kind == Kind.REPORT:
+            if ev.kind == ARRIVE and ev.msg.kind == Kind.REPORT and not self.servers:
                 self._iteration(ev, pushed=False)
                 self._log("iteration", now, ev.device, ev.task)
                 self._continue(ev.device, now)
@@ -1108,6 +1288,18 @@ class Coordinator:
     def _ps_summary(self) -> dict | None:
         """summary.json "ps": working-set pulls and sparse pushes (None when neither)."""
         ps = self.cfg["ps"]
+        if self.servers:
+            st = self.t.stats
+            return {
+                "servers": self.servers,
+                "ranges": [[r.start, r.stop] for r in self.shard_ranges],
+                "rank0": {
+                    "bytes_sent": sum(st.bytes_sent.values()),
+                    "bytes_recv": sum(st.bytes_recv.values()),
+                },
+                "shards": {str(k): v for k, v in sorted(self.shard_stats.items())},
+                "shard_wait_s": self.shard_wait_s,
+            }
         if not ps["sparse"] and ps["pull"] == "full":
             return None
         numel = self.global_model.size
@@ -1303,7 +1495,7 @@ class Coordinator:
 
     def stop_workers(self, status: int) -> None:
         """Tell every worker to finish with ``status`` and wait until the messages left."""
-        for w in self.workers:
+        for w in self.shards + self.workers:
             self.t.send(w, Kind.STOP, aux=(float(status),))
         self.t.wait_sends()
 

@@ -17,7 +17,8 @@ import torch
 from ..ckpt import load_checkpoint
 from ..comm import Kind, Validator, mpi_transport
 from ..errors import ConfigError, EdgeflError
-from .policies import check_policies
+from .placement import is_shard
+from .policies import check_policies, check_shards
 from .rundir import prepare_run_dir, resolve_run_dir
 from .state import build_task
 
@@ -67,6 +68,7 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                     resolve_run_dir(cfg, out, resume, stem), cfg, resuming=state is not None
                 )
                 check_policies(cfg)
+                check_shards(cfg, t.size)
                 task = build_task(cfg, "cpu")
                 _check_chunks(cfg, task.flat.nbytes)
                 t.validator.model_numel = task.flat.numel
@@ -88,10 +90,15 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                 task = build_task(cfg, "cpu")
                 _check_chunks(cfg, task.flat.nbytes)
                 t.validator.model_numel = task.flat.numel
-                worker = Worker(cfg, t, task, local_rank, out_dir=out)
+                if is_shard(t.rank, cfg["ps"]["servers"]):
+                    from .shard import Shard
+
+                    worker = Shard(cfg, t, task.flat.numel, task.signature)
+                else:
+                    worker = Worker(cfg, t, task, local_rank, out_dir=out)
                 worker.register()
                 status = worker.run()
-                if worker.peer_failures:
+                if getattr(worker, "peer_failures", False):
                     from ..comm.mpi import note_failure
 
                     note_failure()

@@ -5,17 +5,30 @@ from __future__ import annotations
 import os
 
 
-def devices_of_rank(rank: int, num_devices: int, num_ranks: int) -> list[int]:
-    """Device ids hosted by worker ``rank`` (round-robin over ranks 1..num_ranks-1)."""
-    if rank < 1:
+def devices_of_rank(rank: int, num_devices: int, num_ranks: int, servers: int = 0) -> list[int]:
+    """Device ids hosted by worker ``rank`` (round-robin over the worker ranks).
+
+    Args:
+        rank: the MPI rank.
+        num_devices: devices of the fleet.
+        num_ranks: MPI ranks of the job, coordinator included.
+        servers: server shard ranks (``ps.servers``, default 0): ranks 1..servers host no
+            device; the workers are ranks servers + 1 .. num_ranks - 1.
+    """
+    if rank <= servers:
         return []
-    workers = num_ranks - 1
-    return list(range(rank - 1, num_devices, workers))
+    workers = num_ranks - 1 - servers
+    return list(range(rank - 1 - servers, num_devices, workers))
 
 
-def rank_of_device(device: int, num_ranks: int) -> int:
-    """The worker rank hosting ``device``."""
-    return 1 + device % (num_ranks - 1)
+def rank_of_device(device: int, num_ranks: int, servers: int = 0) -> int:
+    """The worker rank hosting ``device`` (``servers``: shard ranks before the workers)."""
+    return 1 + servers + device % (num_ranks - 1 - servers)
+
+
+def is_shard(rank: int, servers: int) -> bool:
+    """Is ``rank`` a server shard (ranks 1..servers with ``ps.servers = servers``)?"""
+    return 1 <= rank <= servers
 
 
 def local_rank_from_env() -> int | None:

@@ -38,6 +38,7 @@ def check_policies(cfg: dict) -> None:
     make_update_aggregator(cfg, n)
     check_ordering(cfg)
     check_ps(cfg)
+    check_shards(cfg)
     make_gate(cfg["algorithm"]["gate"], cfg["hermes"])
     make_allocator(cfg["algorithm"]["allocation"], cfg["allocation"], cfg["train"]["local_epochs"])
     make_consistency(cfg, {d: 1 for d in range(n)})
@@ -85,6 +86,51 @@ def check_ps(cfg: dict) -> None:
             f"config key 'ps.debug_bad_working_set' = {ps['debug_bad_working_set']!r}: needs "
             f"ps.pull = 'working-set' and model.name in {WORKING_SET_MODELS} (got "
             f"{ps['pull']!r}, {cfg['model']['name']!r})"
+        )
+
+
+# What a sharded server group (``ps.servers > 0``) supports: config key -> (allowed values,
+# what to say). Everything else is rank-0-only machinery (not built for shards yet).
+SHARD_NEEDS: dict[str, tuple[tuple, str]] = {
+    "algorithm.consistency": (("bsp",), "'bsp'"),
+    "algorithm.aggregation": (("sample-weighted", "mean"), "'sample-weighted' or 'mean'"),
+    "algorithm.gate": (("always",), "'always'"),
+    "algorithm.residual": (("none",), "'none'"),
+    "algorithm.ordering": (("none",), "'none'"),
+    "robust.norm_bound": ((0.0, 0), "0"),
+    "robust.norm_bound_relative": ((0.0, 0), "0"),
+    "dp.enabled": ((False,), "false"),
+    "ps.sparse": ((False,), "false"),
+    "ps.pull": (("full",), "'full'"),
+    "server.optimizer": (("sgd",), "'sgd'"),
+    "server.l1": ((0.0, 0), "0"),
+}
+
+
+def check_shards(cfg: dict, ranks: int | None = None) -> None:
+    """``ps.servers = S > 0`` (a sharded server group): only BSP with a weighted-mean
+    aggregation and a plain SGD server step is supported (the shards aggregate their key
+    ranges elementwise); ``ranks`` (MPI ranks of the job, None = not known yet) must leave
+    at least one worker rank after rank 0 and the S shards."""
+    from ..errors import ConfigError
+
+    servers = cfg["ps"]["servers"]
+    if servers <= 0:
+        return
+    bad = []
+    for key, (allowed, say) in SHARD_NEEDS.items():
+        a, b = key.split(".")
+        got = cfg[a][b]
+        if got not in allowed:
+            bad.append(f"{key} = {got!r} (needs {say})")
+    if bad:
+        raise ConfigError(
+            f"config key 'ps.servers' = {servers}: not supported yet with " + "; ".join(bad)
+        )
+    if ranks is not None and ranks < servers + 2:
+        raise ConfigError(
+            f"config key 'ps.servers' = {servers}: needs at least {servers + 2} MPI ranks "
+            f"(coordinator + {servers} shards + 1 worker), got {ranks}"
         )
 
 

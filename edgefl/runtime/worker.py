@@ -58,7 +58,17 @@ class Worker:
         self.task = task
         self.data: FederatedDataset = task.data
         self.rank = transport.rank
-        self.devices = devices_of_rank(self.rank, cfg["fleet"]["devices"], transport.size)
+        # sharded server group (ps.servers = S > 0): pull from / push to ranks 1..S
+        self.servers = cfg["ps"]["servers"]
+        self.devices = devices_of_rank(
+            self.rank, cfg["fleet"]["devices"], transport.size, self.servers
+        )
+        self.shard_ranges = []
+        if self.servers:
+            from ..policies.keyrange import even_ranges
+
+            self.shard_ranges = even_ranges(task.flat.numel, self.servers)
+        self.partial: dict[int, tuple[np.ndarray, set[int]]] = {}  # version -> (buf, shards)
         cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
         self.torch_dev = {
             d: torch_device_for(
@@ -200,7 +210,8 @@ class Worker:
         limit = 2 * self.cfg["comm"]["failure_timeout_s"]  # without ULFM: silence of rank 0
         heard = time.monotonic()
         while True:
-            msgs = self.t.poll(timeout=0.0 if self.queue else 5.0)
+            ready = self.queue and self._ready(self.queue[0])
+            msgs = self.t.poll(timeout=0.0 if ready else (0.5 if self.queue else 5.0))
             now = time.monotonic()
             if msgs:
                 heard = now
@@ -227,6 +238,8 @@ class Worker:
                     self.t.release(msg)
                 elif msg.kind == Kind.MODEL_KEYS:
                     self._install_keys(msg)
+                elif msg.kind == Kind.SHARD_MODEL and self.servers:
+                    self._install_range(msg)
                 elif msg.kind == Kind.RESEND:
                     self._resend(msg.device, msg.round)
                 elif msg.kind == Kind.HEARTBEAT and self.ws_pull and not self.ws_sent:
@@ -239,7 +252,7 @@ class Worker:
                     fl = int(msg.aux[3])
                     cont = fl & CONTINUE and not fl & REFRESH and msg.device in self.local
                     cont = cont or fl & FLUSH
-                    if not cont and version not in self.versions:
+                    if not cont and version not in self.versions and not self.servers:
                         log.warning(
                             "rank %d: TRAIN of device %d from model version %d, which never "
                             "came; ignored",
@@ -252,10 +265,67 @@ class Worker:
                     self.queue.append((msg.device, msg.round, version, spec))
                 else:
                     log.warning("rank %d: ignoring %s", self.rank, msg.kind.name)
-            if self.queue:
+            if self.queue and self._ready(self.queue[0]):
                 device, task, version, spec = self.queue.popleft()
                 self.train(device, task, version, *spec)
                 self._forget_versions()
+
+    def _ready(self, item: tuple) -> bool:
+        """Can this queued task start (sharded pulls: has its model version fully arrived)?"""
+        if not self.servers:
+            return True
+        fl = item[3][2]
+        return bool(fl & (CONTINUE | FLUSH)) or item[2] in self.versions
+
+    def _install_range(self, msg) -> None:
+        """SHARD_MODEL from shard rank s: keys [aux0, aux1) of model version ``msg.round``;
+        the version is usable once every shard's range arrived."""
+        from ..errors import EdgeflError
+
+        s = msg.src
+        ok = 1 <= s <= self.servers
+        if ok:
+            r = self.shard_ranges[s - 1]
+            ok = (int(msg.aux[0]), int(msg.aux[1])) == (r.start, r.stop) and (
+                msg.payload.size == r.size
+            )
+        if not ok:
+            self.t.release(msg)
+            raise EdgeflError(
+                f"rank {self.rank}: SHARD_MODEL from rank {s} with {msg.payload.size} values "
+                f"for keys [{int(msg.aux[0])}, {int(msg.aux[1])}) does not match the shard's "
+                "key range (ps.servers)"
+            )
+        v = int(msg.round)
+        if v not in self.partial:
+            buf = self._free.pop() if self._free else np.empty_like(self.global_model)
+            self.partial[v] = (buf, set())
+        buf, got = self.partial[v]
+        buf[r.start : r.stop] = msg.payload
+        got.add(s)
+        self.t.release(msg)
+        if len(got) == self.servers:
+            del self.partial[v]
+            self.versions[v] = buf
+
+    def _push_shards(self, device: int, task: int, version: int, delta, aux: tuple) -> None:
+        """Sharded push: each shard gets the update's values of its key range (SHARD_PUSH,
+        aux = (start, stop, version the task started from)); rank 0 gets a REPORT carrying
+        the update's header values (samples, loss, seconds, iterations)."""
+        left = [len(self.shard_ranges)]
+
+        def release() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self._free.append(delta)
+
+        for s, r in enumerate(self.shard_ranges, start=1):
+            self.t.send(
+                s, Kind.SHARD_PUSH, device=device, round=task,
+                aux=(float(r.start), float(r.stop), float(version), 0.0),
+                payload=delta[r.start : r.stop], release=release,
+            )  # fmt: skip
+        self.t.send(0, Kind.REPORT, device=device, round=task, aux=aux)
 
     def _send_working_sets(self) -> None:
         """One WORKSET per device (its sorted keys, int32 when they fit), then a HEARTBEAT
@@ -420,6 +490,9 @@ class Worker:
         if self.sparse_on:
             self._send_sparse(device, task, delta, aux, ctx)
             self._free.append(delta)
+            return
+        if self.servers:
+            self._push_shards(device, task, version, delta, aux)
             return
         if self._inject:
             self._forge(device, task, delta, aux)
