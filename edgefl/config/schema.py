@@ -541,7 +541,8 @@ SCHEMA: dict[str, Any] = {
         "kill_ranks": _f(
             [],
             "list[int]",
-            "Fault test hook: these worker ranks SIGKILL themselves (at kill_after_tasks).",
+            "Fault test hook: these ranks SIGKILL themselves: a worker rank when it starts its "
+            "kill_after_tasks-th task, a server shard (ps.servers) at that apply.",
         ),
         "kill_after_tasks": _f(
             1, "int", "Fault test hook: ... when the rank starts its N-th task.", min=1

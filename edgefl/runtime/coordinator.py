@@ -319,7 +319,7 @@ class Coordinator:
         self.failed_ranks: dict[int, float] = {}
         self._t_failure: float | None = None
         self.ordering_s = 0.0  # all balancing (stream adds + finish), seconds
-        self.ordering_wait_s = 0.0  # the part after the round's last update (finish), seconds
+        self.ordering_wait_s = 0.0  # the part the round waited for (last add + finish), seconds
         self._rejected_streak = 0
         self.recovery_s: list[float] = []  # detection -> next model change (seconds)
         self.progress_after_failure_unix: list[float] = []
@@ -1044,6 +1044,7 @@ class Coordinator:
         self.owed: dict[int, int] = {}
         self.ev.received_hook = self._received
         self._stream = None  # the open epoch of example ordering (EpochStream)
+        self._last_add_s = 0.0  # seconds of the newest EpochStream.add
         if self.orderer is not None:
             self.ev.grads_hook = self._on_grads
         if self.servers:
@@ -1105,10 +1106,13 @@ class Coordinator:
             why = f"rows from {first}, expected from {st.count[w]}"
         else:
             why = None
+            t0 = time.perf_counter()
             try:
                 st.add(w, msg.payload.reshape(n, width))
             except ValueError as e:
                 why = str(e)
+            # the newest add: if it carried the round's last rows, the epoch waited for it
+            self._last_add_s = time.perf_counter() - t0
         if why is not None:
             self.t.reject(msg.src, f"GRADS of device {d}: {why}")
             if w not in st.missing:
@@ -1125,7 +1129,10 @@ class Coordinator:
         used = [u.copy() for u in st.used]
         t0 = time.perf_counter()
         orders = st.finish()
-        self.ordering_wait_s += time.perf_counter() - t0
+        # what the epoch waited for: the decisions the last rows to arrive made possible (all
+        # of an epoch's with ordering.ship = epoch, one step's when streamed) and finish()
+        self.ordering_wait_s += self._last_add_s + time.perf_counter() - t0
+        self._last_add_s = 0.0
         self.ordering_s += st.seconds
         if self._stream_before is not None and self.out_dir is not None:
             from ..policies.ordering import save_epoch_debug
