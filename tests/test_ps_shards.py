@@ -151,10 +151,10 @@ def test_shard_rejects_a_piece_of_the_wrong_length():
         if len(msgs) == 2:
             break
     shard._handle(msgs[0])
-    assert np.array_equal(shard.pieces[(1, 0)], np.ones(50, np.float32))
+    assert np.array_equal(shard.pieces[(1, 1, 0)], np.ones(50, np.float32))  # (range, dev, task)
     with pytest.raises(EdgeflError, match=r"carries 49 values for keys \[50, 100\)"):
         shard._handle(msgs[1])
-    assert (1, 1) not in shard.pieces
+    assert (1, 1, 1) not in shard.pieces
 
 
 def test_shard_applies_pieces_that_arrive_after_the_apply_list():

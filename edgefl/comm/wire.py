@@ -65,7 +65,12 @@ class Kind(enum.IntEnum):
     SHARD_APPLY = 19  # down: rank 0 -> shard: aggregate into version `round` the updates
     #   named by the float64 rows (device, task, samples, loss)
     SHARD_STATS = 20  # up: shard -> rank 0 (asked by a HEARTBEAT): float64 (bytes sent,
-    #   bytes received, messages sent, messages received)
+    #   bytes received, messages sent, messages received, replication bytes sent)
+    SHARD_REPLICA = 21  # both: shard -> replica holder (ps.replicas > 1): keys [aux0, aux1)
+    #   of model version `round` (float32), the owner's values after it got that version
+    SHARD_OWNERS = 22  # both: rank 0 -> shards and workers after a shard failed: the owner
+    #   rank of every range (float64), version `round` is current, aux0 = owner-map epoch;
+    #   shard -> rank 0: the answer, float64 [1 = holds version `round` of its ranges, 0 not]
 
 
 class DType(enum.IntEnum):
@@ -130,6 +135,8 @@ SPECS: dict[Kind, KindSpec] = {
     Kind.SHARD_PULL: KindSpec("down", frozenset({DType.NONE}), "none"),
     Kind.SHARD_APPLY: KindSpec("down", frozenset({DType.FLOAT64}), "any"),
     Kind.SHARD_STATS: KindSpec("up", frozenset({DType.FLOAT64}), "any"),
+    Kind.SHARD_REPLICA: KindSpec("both", frozenset({DType.FLOAT32}), "any"),
+    Kind.SHARD_OWNERS: KindSpec("both", frozenset({DType.FLOAT64}), "any"),
 }
 
 

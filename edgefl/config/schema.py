@@ -415,6 +415,14 @@ SCHEMA: dict[str, Any] = {
             "whole model; > 0 needs BSP FedAvg; docs/parameter-server.md).",
             min=0,
         ),
+        "replicas": _f(
+            1,
+            "int",
+            "Copies k of every shard's key range (ps.servers > 0): shard s's range is also "
+            "held by the next k - 1 shards in ring order, which take it over if s dies "
+            "(1 = no replication; 1 <= k <= ps.servers; docs/parameter-server.md).",
+            min=1,
+        ),
     },
     "robust": {
         "trim_fraction": _f(

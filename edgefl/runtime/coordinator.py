@@ -93,6 +93,14 @@ class Coordinator:
                 )
             self.shard_ranges = even_ranges(task.flat.numel, self.servers)
         self.shard_stats: dict[int, dict] = {}
+        # ps.replicas = k > 1: every range is also held by the next k - 1 shards; a dead
+        # shard's ranges move to a live holder (owner map, epoch) and the round re-runs
+        self.replicas = int(cfg["ps"].get("replicas", 1))
+        self.shard_owners = list(self.shards)  # owner rank of every range
+        self.owner_epoch = 0
+        self.failovers: list[dict] = []
+        self._shard_broken = False  # a failover happened during the current round
+        self._rerun_dec: Decision | None = None
         self.shard_wait_s = 0.0  # rank 0 waiting for the shards' new ranges, seconds
         self.aggregator = make_update_aggregator(cfg, self.num_devices)
         self.update_filter = make_update_filter(cfg, task.flat.numel)
@@ -242,7 +250,7 @@ class Coordinator:
         """The current global model to ``rank``: whole (MODEL), or only the values at its
         devices' working sets (MODEL_KEYS; aux = (number of keys, their key_digest))."""
         if self.servers:  # the shards send their ranges of this version (SHARD_MODEL)
-            for s in self.shards:
+            for s in sorted(set(self.shard_owners)):
                 self.t.send(s, Kind.SHARD_PULL, round=self.version,
                             aux=(float(rank), float(self.version)))  # fmt: skip
             return
@@ -430,13 +438,19 @@ class Coordinator:
     def _rank_failed(self, rank: int, now: float) -> Decision:
         """A worker rank died (ULFM or time-out): its devices are dead from ``now``; their
         tasks are lost; GDDR replays their residuals. Returns the policy's decision."""
+        if rank in self.shards and self.replicas > 1:
+            if rank in self.failed_ranks:
+                return Decision()  # (reported twice)
+            self.failed_ranks[rank] = now
+            if self._fail_over(rank, now):
+                return Decision()
         if rank in self.shards:
-            # no replication of the shards' ranges (ps.servers): stop at the last complete
+            # no live copy of some range (ps.servers, ps.replicas): stop at the last complete
             # version (rank 0 holds it and checkpoints it)
             self.failed_ranks[rank] = now
             self.stopped = (
                 f"server shard rank {rank} failed; the sharded server group (ps.servers) has "
-                "no replication: resume from the latest checkpoint"
+                "no live copy of its range (ps.replicas): resume from the latest checkpoint"
             )
             print(f"edgefl: {self.stopped}", flush=True)
             self.exit_status = 3
@@ -619,6 +633,8 @@ class Coordinator:
     def _execute(self, dec: Decision, now: float) -> None:
         if dec.apply is not None:
             self._apply(dec.apply, now)
+            if self._rerun_dec is not None:  # a shard failed over: the round starts again
+                dec, self._rerun_dec = self._rerun_dec, None
         if dec.timer is not None:
             self.ev.schedule(dec.timer[0], TIMER, token=dec.timer[1])
         for d in dec.dropped:
@@ -649,10 +665,12 @@ class Coordinator:
                     step = self.aggregator.push(a.device, a.delta, cand)
             self.server_opt.step(self.global_model, step)
         elif self.servers:
-            if ap.mode != "aggregate" or not self._shard_apply(arr):
-                if ap.mode != "aggregate":
-                    raise EdgeflError(f"ps.servers: a '{ap.mode}' apply is not supported")
-                return  # a shard failed: the run stops at the current version
+            if ap.mode != "aggregate":
+                raise EdgeflError(f"ps.servers: a '{ap.mode}' apply is not supported")
+            if self._shard_broken or not self._shard_apply(arr):
+                if self._shard_broken and not self.stopped:
+                    self._rerun_round(arr, now)
+                return  # else a shard failed for good: the run stops at the current version
         elif ap.mode == "aggregate":
             ups = [Update(a.device, a.delta, a.samples, a.loss, self.version) for a in arr]
             agg = self.aggregator.aggregate(ups, out=self.agg_buf)
@@ -716,51 +734,75 @@ class Coordinator:
             )  # fmt: skip
 
     def _shard_apply(self, arr: list[Arrival]) -> bool:
-        """Have the shards aggregate ``arr`` into the next version (each its range, with the
+        """Have the shards aggregate ``arr`` into the next version (each its ranges, with the
         aggregator and server step rank 0 would use, elementwise: bit-identical) and
         assemble it here (evaluation, metrics, checkpoints). False if a shard failed."""
         rows = [(a.device, a.task, a.samples, a.loss) for a in arr]
         payload = np.array(rows, np.float64).reshape(-1)
         new = self.version + 1
-        for s in self.shards:
+        owners = sorted(set(self.shard_owners))
+        for s in owners:
             self.t.send(s, Kind.SHARD_APPLY, round=new, payload=payload)
         t0 = time.perf_counter()
-        got = self._from_shards(Kind.SHARD_MODEL, new)
+        counts = {s: self.shard_owners.count(s) for s in owners}
+        got = self._from_shards(Kind.SHARD_MODEL, new, counts)
         self.shard_wait_s += time.perf_counter() - t0
         if got is None:
             return False
         self.t.wait_sends()  # (the apply lists)
-        for s, msg in sorted(got.items()):
-            r = self.shard_ranges[s - 1]
-            if (int(msg.aux[0]), int(msg.aux[1])) != (r.start, r.stop) or (
-                msg.payload.size != r.size
-            ):
-                raise EdgeflError(
-                    f"shard rank {s} sent {msg.payload.size} values for keys "
-                    f"[{int(msg.aux[0])}, {int(msg.aux[1])}); it owns [{r.start}, {r.stop})"
-                )
-            self.global_model[r.start : r.stop] = msg.payload
-            self.t.release(msg)
+        for s, msgs in sorted(got.items()):
+            for msg in msgs:
+                bounds = (int(msg.aux[0]), int(msg.aux[1]))
+                i = next((i for i, r in enumerate(self.shard_ranges)
+                          if (r.start, r.stop) == bounds), -1)  # fmt: skip
+                if (
+                    i < 0
+                    or self.shard_owners[i] != s
+                    or msg.payload.size != (self.shard_ranges[i].size)
+                ):
+                    raise EdgeflError(
+                        f"shard rank {s} sent {msg.payload.size} values for keys "
+                        f"[{bounds[0]}, {bounds[1]}); it owns ranges "
+                        f"{[i for i, o in enumerate(self.shard_owners) if o == s]}"
+                    )
+                r = self.shard_ranges[i]
+                self.global_model[r.start : r.stop] = msg.payload
+                self.t.release(msg)
         self.server_opt.t += 1  # (the shards stepped; the step count stays in the checkpoint)
         return True
 
-    def _from_shards(self, kind: Kind, round_: int | None) -> dict[int, Message] | None:
-        """Wait for one ``kind`` message (of ``round_``; None = any) from every shard; what
-        else comes in meanwhile is kept for the event loop as it would have kept it. None
-        if a shard fails first (the run then stops, see :meth:`_rank_failed`)."""
-        got: dict[int, Message] = {}
+    def _from_shards(
+        self, kind: Kind, round_: int | None, counts: dict[int, int] | None = None
+    ) -> dict[int, list[Message]] | None:
+        """Wait for ``counts[s]`` ``kind`` messages (of ``round_``; None = any) from every
+        shard ``s`` (default: one from every live shard; SHARD_MODEL and SHARD_OWNERS of
+        the current owner-map epoch only); what else comes in meanwhile is kept for the event
+        loop as it would have kept it. None if a shard fails first (see :meth:`_rank_failed`:
+        a failover, or the run stops)."""
+        if counts is None:
+            counts = {s: 1 for s in self.shards if s not in self.failed_ranks}
+        got: dict[int, list[Message]] = {s: [] for s in counts}
+        epoch_kinds = (Kind.SHARD_MODEL, Kind.SHARD_OWNERS)
         limit = self.cfg["comm"]["failure_timeout_s"]
         start = time.monotonic()
-        while len(got) < self.servers:
+        while any(len(got[s]) < n for s, n in counts.items()):
             msgs = self.t.poll(timeout=0.5)
             dead = self.t.take_failures()
             if limit and time.monotonic() - start > limit:
-                for s in self.shards:
-                    if s not in got and self.t.declare_failed(s, f"silent for {limit:.0f} s"):
+                for s in counts:
+                    if len(got[s]) < counts[s] and self.t.declare_failed(
+                        s, f"silent for {limit:.0f} s"
+                    ):
                         dead.append(s)
             for msg in msgs:
-                if msg.src in self.shards and msg.kind == kind and round_ in (None, msg.round):
-                    got[msg.src] = msg
+                if (
+                    msg.src in counts
+                    and msg.kind == kind
+                    and round_ in (None, msg.round)
+                    and (kind not in epoch_kinds or int(msg.aux[0 if kind == Kind.SHARD_OWNERS
+                                                                  else 2]) == self.owner_epoch)
+                ):  # fmt: skip
+                    got[msg.src].append(msg)
                 elif msg.kind == Kind.ERROR:
                     raise WorkerFailed(error_text(msg))
                 elif msg.kind in (Kind.UPDATE, Kind.REPORT, Kind.RESIDUAL, Kind.SPARSE):
@@ -775,27 +817,102 @@ class Coordinator:
                     self.t.release(msg)
             for r in sorted(set(dead)):
                 if r in self.shards:
-                    for m in got.values():
-                        self.t.release(m)
+                    for ms in got.values():
+                        for m in ms:
+                            self.t.release(m)
                     self._rank_failed(r, self.ev.now)
                     return None
                 self.ev.failures.append(r)  # a worker: the event loop handles it
         return got
 
+    def _fail_over(self, rank: int, now: float) -> bool:
+        """Shard ``rank`` died (ps.replicas > 1): give each range it owned to its first live
+        holder in ring order, tell the shards and workers (SHARD_OWNERS: the new owner map,
+        version = the last complete one) and mark the round broken (it re-runs from that
+        version, :meth:`_rerun_round`). False if a range has no live copy (the run stops)."""
+        from .shard import fail_over
+
+        dead = {s for s in self.shards if s in self.failed_ranks}
+        owners = fail_over(self.shard_owners, dead, self.servers, self.replicas)
+        if owners is None:
+            return False
+        moved = [i for i, (a, b) in enumerate(zip(self.shard_owners, owners)) if a != b]
+        self.shard_owners = owners
+        self.owner_epoch += 1
+        payload = np.array(owners, np.float64)
+        aux = (float(self.owner_epoch), 0.0, 0.0, 0.0)
+        live = [s for s in self.shards if s not in dead]
+        for r in live + [w for w in self.workers if w not in self.failed_ranks]:
+            self.t.send(r, Kind.SHARD_OWNERS, round=self.version, aux=aux, payload=payload)
+        got = self._from_shards(Kind.SHARD_OWNERS, self.version)
+        if got is None:  # another shard died meanwhile: handled by the nested call
+            return self._shard_broken or bool(self.stopped)
+        missing = sorted(s for s, ms in got.items() if any(m.payload[0] != 1.0 for m in ms))
+        for ms in got.values():
+            for m in ms:
+                self.t.release(m)
+        if missing:
+            log.error("shards %s lack version %d of a range they now own", missing,
+                      self.version)  # fmt: skip
+            return False
+        self._shard_broken = True
+        self._t_failure = time.monotonic()
+        self.failovers.append(
+            {"rank": rank, "version": self.version, "ranges": moved,
+             "owners": list(owners), "time_s": now}
+        )  # fmt: skip
+        text = (
+            f"server shard rank {rank} failed; its ranges {moved} fail over to ranks "
+            f"{[owners[i] for i in moved]} (ps.replicas = {self.replicas}); round "
+            f"{self.version + 1} re-runs from version {self.version}"
+        )
+        print(f"edgefl: {text}", flush=True)
+        log.warning(text)
+        return True
+
+    def _rerun_round(self, arr: list[Arrival], now: float) -> None:
+        """After a failover the round's pieces that went to the dead shard are lost: drop
+        the round's updates and start it again from the last complete version, with the
+        same tasks (task numbers seed the training, so the re-run is deterministic)."""
+        for a in arr:
+            self.t.release(a.msg)  # type: ignore[attr-defined]
+        snap = self._shard_snap
+        # a fresh policy with the snapshot's state, as a resume from a checkpoint has
+        samples = {d: v["samples"] for d, v in sorted(snap["devices"].items())}
+        self.policy = make_consistency(self.cfg, samples)
+        self.policy.load_state_dict(json.loads(snap["policy"]))
+        self.tasks, self.staleness = dict(snap["tasks"]), dict(snap["staleness"])
+        self.devices = copy.deepcopy(snap["devices"])
+        self.rank_version.clear()  # every worker rank pulls the version again
+        self._shard_broken = False
+        self._rerun_dec = self.policy.start(now, self._available)
+
+    def _take_shard_snap(self, wall: float, now: float) -> None:
+        """What a checkpoint (or a re-run after a failover) of this version starts from."""
+        self._shard_snap = {
+            "policy": json.dumps(self.policy.state_dict()),
+            "tasks": dict(self.tasks),
+            "staleness": dict(self.staleness),
+            "devices": copy.deepcopy(self.devices),
+            "wall": wall,
+            "now": now,
+        }
+
     def _collect_shard_stats(self) -> None:
-        """End of the run: every shard's wire counters (asked by a HEARTBEAT)."""
+        """End of the run: every live shard's wire counters (asked by a HEARTBEAT)."""
         if self.stopped and self.failed_ranks.keys() & set(self.shards):
             return
         self.t.wait_sends()
-        for s in self.shards:
+        live = [s for s in self.shards if s not in self.failed_ranks]
+        for s in live:
             self.t.send(s, Kind.HEARTBEAT)
         got = self._from_shards(Kind.SHARD_STATS, None)
-        for s, msg in sorted((got or {}).items()):
-            v = [int(x) for x in msg.payload[:4]]
-            self.shard_stats[s] = dict(
-                zip(("bytes_sent", "bytes_recv", "msgs_sent", "msgs_recv"), v, strict=False)
-            )
-            self.t.release(msg)
+        for s, msgs in sorted((got or {}).items()):
+            for msg in msgs:
+                v = [int(x) for x in msg.payload[:5]]
+                names = ("bytes_sent", "bytes_recv", "msgs_sent", "msgs_recv", "replica_bytes")
+                self.shard_stats[s] = dict(zip(names, v, strict=False))
+                self.t.release(msg)
 
     def _filter(self, ap: Apply) -> tuple[list[Arrival], Apply]:
         """Norm bound (robust.norm_bound*): drop or clip outlying updates before use."""
@@ -863,14 +980,7 @@ class Coordinator:
         elif stop_at and r == stop_at and r < cfg["run"]["rounds"]:
             self.stopped = f"debug.stop_after_round = {stop_at}"
         if self.servers:  # what a checkpoint of this version holds, should a shard die
-            self._shard_snap = {
-                "policy": json.dumps(self.policy.state_dict()),
-                "tasks": dict(self.tasks),
-                "staleness": dict(self.staleness),
-                "devices": copy.deepcopy(self.devices),
-                "wall": row["wall_time_s"],
-                "now": now,
-            }
+            self._take_shard_snap(row["wall_time_s"], now)
         every = cfg["run"]["checkpoint_every"]
         final = r >= cfg["run"]["rounds"] or bool(self.stopped)
         if self.out_dir is not None and ((every and r % every == 0) or final):
@@ -1156,6 +1266,8 @@ class Coordinator:
             else:
                 sizes = [self.orderer.num_units(self.n_train[d]) for d in sorted(self.devices)]
                 self._send_orders(self.orderer.initial_orders(sizes))
+        if self.servers and self.replicas > 1:  # a re-run of the first round starts here
+            self._take_shard_snap(time.monotonic() - self._t0, self.ev.now)
         self._execute(self.policy.start(self.ev.now, self._available), self.ev.now)
         while self.version < rounds and not self.stopped:
             ev = self.ev.next()
@@ -1306,6 +1418,10 @@ class Coordinator:
                 },
                 "shards": {str(k): v for k, v in sorted(self.shard_stats.items())},
                 "shard_wait_s": self.shard_wait_s,
+                "replicas": self.replicas,
+                "replica_bytes": sum(v.get("replica_bytes", 0) for v in self.shard_stats.values()),
+                "owners": list(self.shard_owners),
+                "failovers": self.failovers,
             }
         if not ps["sparse"] and ps["pull"] == "full":
             return None

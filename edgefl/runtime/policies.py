@@ -111,10 +111,15 @@ def check_shards(cfg: dict, ranks: int | None = None) -> None:
     """``ps.servers = S > 0`` (a sharded server group): only BSP with a weighted-mean
     aggregation and a plain SGD server step is supported (the shards aggregate their key
     ranges elementwise); ``ranks`` (MPI ranks of the job, None = not known yet) must leave
-    at least one worker rank after rank 0 and the S shards."""
+    at least one worker rank after rank 0 and the S shards. ``ps.replicas = k`` must be
+    1 <= k <= S (k = 1 without shards)."""
     from ..errors import ConfigError
 
     servers = cfg["ps"]["servers"]
+    k = cfg["ps"].get("replicas", 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or k > max(servers, 1):
+        most = f"<= ps.servers = {servers}" if servers > 0 else "1 with ps.servers = 0"
+        raise ConfigError(f"config key 'ps.replicas' = {k!r}: must be an integer >= 1 and {most}")
     if servers <= 0:
         return
     bad = []

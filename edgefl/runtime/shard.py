@@ -20,8 +20,19 @@ even_ranges`). The messages (docs/parameter-server.md, "Sharded server group"):
 - rank 0 -> shard ``HEARTBEAT``: reply ``SHARD_STATS`` (the shard's wire counters);
 - ``STOP``: acknowledged with a ``HEARTBEAT`` like a worker.
 
-No replication: a shard that dies ends the job (rank 0 stops with exit status 3 and a
-checkpoint of the last complete version).
+- shard -> shard ``SHARD_REPLICA`` (``ps.replicas = k > 1``; round = version, aux = (start,
+  stop)): aggregate-then-replicate (Li et al., OSDI 2014, section 4.3): once an owner holds a
+  version of a range (from rank 0, or after an apply) it sends the range to the range's next
+  k - 1 live holders in ring order, which keep its two latest versions;
+- rank 0 -> shard ``SHARD_OWNERS`` (round = version v, aux0 = epoch; float64 owner rank of
+  every range): a shard died; from now on the listed owners serve the ranges. Every shard
+  drops its pending applies, pulls and pieces, sets each range it owns to version v (its own
+  values, or its replica) and answers ``SHARD_OWNERS`` (float64 [1] if it held version v of
+  all of them, [0] if not).
+
+With k = 1 a shard that dies ends the job (rank 0 stops with exit status 3 and a checkpoint
+of the last complete version); with k > 1 rank 0 fails the range over to a live holder and
+re-runs the round (docs/parameter-server.md, "Replication and failover").
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ import time
 import numpy as np
 
 from ..comm import Kind, Message, Transport
+from ..comm.wire import HEADER_BYTES
 from ..errors import EdgeflError
 from ..policies.aggregation import Update
 from ..policies.keyrange import even_ranges
@@ -45,12 +57,35 @@ from .policies import make_update_aggregator
 log = logging.getLogger("edgefl.shard")
 
 
+def range_holders(index: int, servers: int, replicas: int) -> list[int]:
+    """Shard ranks that hold range ``index`` (0-based): its owner ``index + 1``, then the
+    next ``replicas - 1`` shards in ring order (rank ``(index + j) % servers + 1``)."""
+    return [(index + j) % servers + 1 for j in range(replicas)]
+
+
+def fail_over(owners: list[int], dead: set[int], servers: int, replicas: int) -> list[int] | None:
+    """The owner map after the shard ranks in ``dead`` failed: each range whose owner is dead
+    goes to its first live holder in ring order (:func:`range_holders`); None if some range
+    has no live holder left (k = 1, or all k holders dead)."""
+    new = []
+    for i, o in enumerate(owners):
+        if o not in dead:
+            new.append(o)
+            continue
+        live = [h for h in range_holders(i, servers, replicas) if h not in dead]
+        if not live:
+            return None
+        new.append(live[0])
+    return new
+
+
 class Shard:
     """The loop of one server shard.
 
     Args:
         cfg: the effective config (``ps.servers`` > 0; checked by
-            :func:`edgefl.runtime.policies.check_shards`).
+            :func:`edgefl.runtime.policies.check_shards`); ``ps.replicas`` (default 1) copies
+            of every range are kept.
         transport: this rank's transport (rank 1..S).
         numel: model size (float32 elements).
         signature: the model layout's signature (checked by rank 0 at registration).
@@ -62,21 +97,37 @@ class Shard:
         self.cfg = cfg
         self.t = transport
         self.servers = cfg["ps"]["servers"]
+        self.replicas = int(cfg["ps"].get("replicas", 1))
         self.index = transport.rank - 1
         if not 0 <= self.index < self.servers:
             raise EdgeflError(f"rank {transport.rank} is not a server shard (ps.servers)")
-        self.range = even_ranges(numel, self.servers)[self.index]
+        self.ranges = even_ranges(numel, self.servers)
+        self.range = self.ranges[self.index]
+        self.by_bounds = {(r.start, r.stop): i for i, r in enumerate(self.ranges)}
+        self.owners = list(range(1, self.servers + 1))  # owner rank of every range
+        self.epoch = 0  # owner-map epoch (SHARD_OWNERS)
+        self.dead: set[int] = set()
         self.signature = signature
         self.aggregator = make_update_aggregator(cfg, cfg["fleet"]["devices"])
         self.server_opt = make_server_optimizer(cfg["server"])
-        self.model: np.ndarray | None = None  # the range's values of version self.version
-        self.agg_buf = np.empty(self.range.size, np.float32)
+        # ranges this shard owns: index -> values of version self.version
+        self.own: dict[int, np.ndarray] = {}
+        self.prev: dict[int, tuple[int, np.ndarray]] = {}  # index -> (older version, values)
+        # ranges this shard replicates: index -> {version: values} (the two latest)
+        self.replica: dict[int, dict[int, np.ndarray]] = {}
+        self.agg_bufs: dict[int, np.ndarray] = {}
         self.version = -1
-        self.pieces: dict[tuple[int, int], np.ndarray] = {}  # (device, task) -> piece
+        self.pieces: dict[tuple[int, int, int], np.ndarray] = {}  # (range, device, task)
         self.applies: list[tuple[int, np.ndarray]] = []  # (new version, rows) not done yet
         self.pulls: list[tuple[int, int]] = []  # (rank, version) not served yet
         self.applied = 0  # applies started (debug.kill_ranks counts them)
+        self.replica_bytes = 0  # SHARD_REPLICA bytes sent (header included)
         self.doing = "set-up"
+
+    @property
+    def model(self) -> np.ndarray | None:
+        """The values of this shard's own range (None before the first SHARD_MODEL)."""
+        return self.own.get(self.index)
 
     def register(self) -> None:
         """Announce this shard (its index and key range) to rank 0."""
@@ -103,7 +154,8 @@ class Shard:
                 heard = now
             elif limit and now - heard > limit and not self.applies:
                 self.t.declare_failed(0, f"silent for {limit:.0f} s (comm.failure_timeout_s x 2)")
-            if 0 in self.t.take_failures() or 0 in self.t.failed:
+            failures = self.t.take_failures()
+            if 0 in failures or 0 in self.t.failed:
                 print(
                     f"edgefl: shard rank {self.t.rank}: the coordinator (rank 0) is gone; "
                     "this shard stops",
@@ -111,6 +163,7 @@ class Shard:
                     flush=True,
                 )
                 return 3
+            self.dead.update(r for r in failures if 1 <= r <= self.servers)
             for msg in msgs:
                 if msg.kind == Kind.STOP:
                     self.t.send(0, Kind.HEARTBEAT)
@@ -123,13 +176,20 @@ class Shard:
         k = msg.kind
         if k == Kind.SHARD_PUSH:
             self.doing = f"receiving device {msg.device}'s update of task {msg.round}"
-            self._check_range(msg, "SHARD_PUSH")
-            self.pieces[(msg.device, msg.round)] = np.array(msg.payload, np.float32)
+            i = self._check_range(msg, "SHARD_PUSH", owned=True)
+            self.pieces[(i, msg.device, msg.round)] = np.array(msg.payload, np.float32)
         elif k == Kind.SHARD_MODEL and msg.src == 0:
-            self._check_range(msg, "SHARD_MODEL")
+            self._check_range(msg, "SHARD_MODEL", owned=True)
             self.t.wait_sends()  # pulls of the old values must be out first
-            self.model = np.array(msg.payload, np.float32)
-            self.version = int(msg.round)
+            self._set_version(int(msg.round), {self.index: np.array(msg.payload, np.float32)})
+        elif k == Kind.SHARD_REPLICA:
+            i = self._check_range(msg, "SHARD_REPLICA", owned=False)
+            held = self.replica.setdefault(i, {})
+            held[int(msg.round)] = np.array(msg.payload, np.float32)
+            for v in sorted(held)[:-2]:
+                del held[v]
+        elif k == Kind.SHARD_OWNERS and msg.src == 0:
+            self._take_owners(msg)
         elif k == Kind.SHARD_PULL:
             self.pulls.append((int(msg.aux[0]), int(msg.aux[1])))
         elif k == Kind.SHARD_APPLY:
@@ -138,19 +198,25 @@ class Shard:
         elif k == Kind.HEARTBEAT and msg.src == 0:
             s = self.t.stats
             vals = (s.bytes_sent, s.bytes_recv, s.msgs_sent, s.msgs_recv)
-            stats = np.array([float(sum(c.values())) for c in vals], np.float64)
-            self.t.send(0, Kind.SHARD_STATS, payload=stats)
+            stats = [float(sum(c.values())) for c in vals] + [float(self.replica_bytes)]
+            self.t.send(0, Kind.SHARD_STATS, payload=np.array(stats, np.float64))
         else:
             log.warning("shard rank %d: ignoring %s from rank %d", self.t.rank, k.name, msg.src)
         self.t.release(msg)
 
-    def _check_range(self, msg: Message, what: str) -> None:
-        """A piece must be exactly this shard's range (else the job ends: values must never
-        land on the wrong keys)."""
-        r = self.range
+    def _check_range(self, msg: Message, what: str, owned: bool) -> int:
+        """A piece must be exactly one range this shard owns (``owned``) or replicates (else
+        the job ends: values must never land on the wrong keys); returns its index."""
         start, stop = int(msg.aux[0]), int(msg.aux[1])
         n = 0 if msg.payload is None else msg.payload.size
-        if (start, stop) != (r.start, r.stop) or n != r.size:
+        i = self.by_bounds.get((start, stop), -1)
+        if owned:
+            mine = self.index if what == "SHARD_MODEL" else -1
+            ok = i == mine or (i >= 0 and self.owners[i] == self.t.rank)
+        else:
+            ok = i >= 0 and self.t.rank in range_holders(i, self.servers, self.replicas)[1:]
+        if not ok or n != self.ranges[i].size:
+            r = self.range
             text = (
                 f"shard rank {self.t.rank}: {what} from rank {msg.src} (device {msg.device}, "
                 f"round {msg.round}) carries {n} values for keys [{start}, {stop}); this "
@@ -158,24 +224,77 @@ class Shard:
             )
             self.t.reject(msg.src, text)
             raise EdgeflError(text)
+        return i
+
+    def _set_version(self, version: int, values: dict[int, np.ndarray]) -> None:
+        """The owned ranges now hold ``version`` (``values``: index -> range); the older
+        values are kept for a rollback and the new ones replicated (ps.replicas > 1)."""
+        if self.replicas > 1:
+            for i, a in self.own.items():
+                self.prev[i] = (self.version, a)
+        self.own = values
+        self.version = version
+        for i, a in sorted(values.items()):
+            r = self.ranges[i]
+            for h in range_holders(i, self.servers, self.replicas)[1:]:
+                if h == self.t.rank or h in self.dead:
+                    continue
+                self.t.send(
+                    h, Kind.SHARD_REPLICA, round=version,
+                    aux=(float(r.start), float(r.stop), 0.0, 0.0), payload=a,
+                )  # fmt: skip
+                self.replica_bytes += HEADER_BYTES + a.nbytes
+
+    def _take_owners(self, msg: Message) -> None:
+        """SHARD_OWNERS: a shard died. Forget the in-flight round, own the listed ranges at
+        version ``msg.round`` and answer whether this shard held that version of each."""
+        version = int(msg.round)
+        self.owners = [int(x) for x in msg.payload]
+        self.epoch = int(msg.aux[0])
+        self.dead.update(r for r in range(1, self.servers + 1) if r not in self.owners)
+        self.applies.clear()
+        self.pulls.clear()
+        self.pieces.clear()
+        self.t.wait_sends()
+        values: dict[int, np.ndarray] = {}
+        ok = True
+        for i, o in enumerate(self.owners):
+            if o != self.t.rank:
+                continue
+            if i in self.own and self.version == version:
+                values[i] = self.own[i]
+            elif i in self.prev and self.prev[i][0] == version:
+                values[i] = self.prev[i][1]
+            elif version in self.replica.get(i, {}):
+                values[i] = self.replica[i][version].copy()
+            else:
+                ok = False
+        if ok:
+            self.prev.clear()
+            self.own, self.version = values, version
+            log.warning("shard rank %d: now owns ranges %s at version %d", self.t.rank,
+                        sorted(values), version)  # fmt: skip
+        self.t.send(0, Kind.SHARD_OWNERS, round=version, aux=(float(self.epoch), 0.0, 0.0, 0.0),
+                    payload=np.array([1.0 if ok else 0.0], np.float64))  # fmt: skip
 
     def _progress(self) -> None:
         """Apply what can be applied (in order), then serve the pulls of held versions."""
         while self.applies:
             version, rows = self.applies[0]
-            keys = [(int(r[0]), int(r[1])) for r in rows]
+            keys = [(i, int(r[0]), int(r[1])) for i in self.own for r in rows]
             if any(k not in self.pieces for k in keys):
                 break  # pieces still on their way
             self.applies.pop(0)
-            self._apply(version, rows, keys)
+            self._apply(version, rows)
         left = []
         for rank, version in self.pulls:
-            if version == self.version and self.model is not None:
-                self.t.send(
-                    rank, Kind.SHARD_MODEL, round=version,
-                    aux=(float(self.range.start), float(self.range.stop), 0.0, 0.0),
-                    payload=self.model,
-                )  # fmt: skip
+            if version == self.version and self.own:
+                for i, a in sorted(self.own.items()):
+                    r = self.ranges[i]
+                    self.t.send(
+                        rank, Kind.SHARD_MODEL, round=version,
+                        aux=(float(r.start), float(r.stop), float(self.epoch), 0.0), payload=a,
+                    )  # fmt: skip
             elif version > self.version:
                 left.append((rank, version))
             else:
@@ -185,35 +304,46 @@ class Shard:
                 )
         self.pulls = left
 
-    def _apply(self, version: int, rows: np.ndarray, keys: list[tuple[int, int]]) -> None:
-        """Aggregate the pieces named by ``rows`` into the range (as rank 0's ``_apply``
-        does for the whole model: the same aggregator and server step, elementwise) and send
-        the new values to rank 0 as ``version``."""
-        if self.model is None:
+    def _apply(self, version: int, rows: np.ndarray) -> None:
+        """Aggregate the pieces named by ``rows`` into every owned range (as rank 0's
+        ``_apply`` does for the whole model: the same aggregator and server step,
+        elementwise), replicate the new ranges and send them to rank 0 as ``version``."""
+        if not self.own:
             raise EdgeflError(f"shard rank {self.t.rank}: an apply before any model arrived")
         self.doing = f"applying model version {version}"
         self.applied += 1
         dbg = self.cfg["debug"]
         if self.t.rank in dbg["kill_ranks"] and self.applied >= dbg["kill_after_tasks"]:
-            # fault-test hook: a shard dies at its kill_after_tasks-th apply (no replication)
+            # fault-test hook: a shard dies at its kill_after_tasks-th apply
             print(f"edgefl: debug.kill_ranks: shard rank {self.t.rank} kills itself", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        ups = [
-            Update(k[0], self.pieces.pop(k), int(r[2]), float(r[3]), self.version)
-            for k, r in zip(keys, rows)
-        ]
-        agg = self.aggregator.aggregate(ups, out=self.agg_buf)
+        keys = [(int(r[0]), int(r[1])) for r in rows]
         self.t.wait_sends()  # the current values may still be on their way to workers
-        self.server_opt.step(self.model, agg)
-        self.version = version
+        new: dict[int, np.ndarray] = {}
+        for i, cur in sorted(self.own.items()):
+            ups = [
+                Update(d, self.pieces.pop((i, d, t)), int(r[2]), float(r[3]), self.version)
+                for (d, t), r in zip(keys, rows)
+            ]
+            buf = self.agg_bufs.get(i)
+            if buf is None:
+                buf = self.agg_bufs[i] = np.empty(cur.size, np.float32)
+            agg = self.aggregator.aggregate(ups, out=buf)
+            # a new array when the old values are kept for a rollback (ps.replicas > 1)
+            val = cur.copy() if self.replicas > 1 else cur
+            self.server_opt.step(val, agg)
+            new[i] = val
         # pieces of tasks older than the applied ones are of dropped tasks: forget them
-        done = {d: t for d, t in keys}
-        for k in [k for k in self.pieces if k[0] in done and k[1] <= done[k[0]]]:
+        done = dict(keys)
+        for k in [k for k in self.pieces if k[1] in done and k[2] <= done[k[1]]]:
             del self.pieces[k]
-        self.t.send(
-            0, Kind.SHARD_MODEL, round=version,
-            aux=(float(self.range.start), float(self.range.stop), 0.0, 0.0), payload=self.model,
-        )  # fmt: skip
+        self._set_version(version, new)
+        for i, a in sorted(new.items()):
+            r = self.ranges[i]
+            self.t.send(
+                0, Kind.SHARD_MODEL, round=version,
+                aux=(float(r.start), float(r.stop), float(self.epoch), 0.0), payload=a,
+            )  # fmt: skip
 
 
-__all__ = ["Shard"]
+__all__ = ["Shard", "fail_over", "range_holders"]

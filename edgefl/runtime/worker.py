@@ -68,7 +68,12 @@ class Worker:
             from ..policies.keyrange import even_ranges
 
             self.shard_ranges = even_ranges(task.flat.numel, self.servers)
-        self.partial: dict[int, tuple[np.ndarray, set[int]]] = {}  # version -> (buf, shards)
+        self.partial: dict[int, tuple[np.ndarray, set[int]]] = {}  # version -> (buf, ranges)
+        # owner rank of every range (ps.replicas > 1: rank 0 moves a dead shard's ranges to
+        # a replica holder, SHARD_OWNERS), and that map's epoch
+        self.shard_owners = list(range(1, self.servers + 1))
+        self.owner_epoch = 0
+        self.range_of = {(r.start, r.stop): i for i, r in enumerate(self.shard_ranges)}
         cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
         self.torch_dev = {
             d: torch_device_for(
@@ -240,6 +245,11 @@ class Worker:
                     self._install_keys(msg)
                 elif msg.kind == Kind.SHARD_MODEL and self.servers:
                     self._install_range(msg)
+                elif msg.kind == Kind.SHARD_OWNERS and self.servers:
+                    self.shard_owners = [int(x) for x in msg.payload]
+                    self.owner_epoch = int(msg.aux[0])
+                    log.warning("rank %d: shard owners now %s", self.rank, self.shard_owners)
+                    self.t.release(msg)
                 elif msg.kind == Kind.RESEND:
                     self._resend(msg.device, msg.round)
                 elif msg.kind == Kind.HEARTBEAT and self.ws_pull and not self.ws_sent:
@@ -278,17 +288,17 @@ class Worker:
         return bool(fl & (CONTINUE | FLUSH)) or item[2] in self.versions
 
     def _install_range(self, msg) -> None:
-        """SHARD_MODEL from shard rank s: keys [aux0, aux1) of model version ``msg.round``;
-        the version is usable once every shard's range arrived."""
+        """SHARD_MODEL from shard rank s: keys [aux0, aux1) of model version ``msg.round``
+        (one range the shard owns; aux2 = the owner map's epoch); the version is usable once
+        every range arrived. A range from an older owner map is ignored (its owner died)."""
         from ..errors import EdgeflError
 
         s = msg.src
-        ok = 1 <= s <= self.servers
-        if ok:
-            r = self.shard_ranges[s - 1]
-            ok = (int(msg.aux[0]), int(msg.aux[1])) == (r.start, r.stop) and (
-                msg.payload.size == r.size
-            )
+        i = self.range_of.get((int(msg.aux[0]), int(msg.aux[1])), -1)
+        if int(msg.aux[2]) < self.owner_epoch and 0 <= i:
+            self.t.release(msg)
+            return
+        ok = 0 <= i and self.shard_owners[i] == s and msg.payload.size == self.shard_ranges[i].size
         if not ok:
             self.t.release(msg)
             raise EdgeflError(
@@ -296,17 +306,18 @@ class Worker:
                 f"for keys [{int(msg.aux[0])}, {int(msg.aux[1])}) does not match the shard's "
                 "key range (ps.servers)"
             )
+        r = self.shard_ranges[i]
         v = int(msg.round)
         if v not in self.partial:
             buf = self._free.pop() if self._free else np.empty_like(self.global_model)
             self.partial[v] = (buf, set())
         buf, got = self.partial[v]
         buf[r.start : r.stop] = msg.payload
-        got.add(s)
+        got.add(i)
         self.t.release(msg)
         if len(got) == self.servers:
             del self.partial[v]
-            self.versions[v] = buf
+            self.versions[v] = buf  # (a re-sent version after a failover: the same values)
 
     def _push_shards(self, device: int, task: int, version: int, delta, aux: tuple) -> None:
         """Sharded push: each shard gets the update's values of its key range (SHARD_PUSH,
@@ -319,7 +330,7 @@ class Worker:
             if left[0] == 0:
                 self._free.append(delta)
 
-        for s, r in enumerate(self.shard_ranges, start=1):
+        for s, r in zip(self.shard_owners, self.shard_ranges):
             self.t.send(
                 s, Kind.SHARD_PUSH, device=device, round=task,
                 aux=(float(r.start), float(r.stop), float(version), 0.0),
