@@ -50,3 +50,63 @@ def run_edgefl(*args: str, cwd: Path | None = None, timeout: float = 300, env=No
 @pytest.fixture
 def edgefl_cli():
     return run_edgefl
+
+
+# a tiny job (5 devices, 3 rounds, a small MLP) for whole-job tests in one process
+SMALL_JOB = [
+    "fleet.devices=5",
+    "run.rounds=3",
+    "data.args.dim=10",
+    "data.args.classes=4",
+    "model.args.hidden=[8]",
+    'output.progress="quiet"',
+]
+
+
+def run_loopback_job(cfg: dict, ranks: int, *, shard_cls=None, coordinator_cls=None, fabric=None):
+    """A whole job in threads over the in-process loopback transport: rank 0 a coordinator
+    (``coordinator_cls``, default Coordinator), ranks >= 1 workers or, with ``ps.servers``,
+    server shards (``shard_cls``, default Shard). A rank whose ``run`` raises is recorded as
+    the exception's class name. Returns (coordinator, statuses by rank)."""
+    import threading
+
+    import torch
+
+    from edgefl.comm.loopback import Fabric, LoopbackTransport
+    from edgefl.comm.wire import Validator
+    from edgefl.runtime.coordinator import Coordinator
+    from edgefl.runtime.placement import is_shard
+    from edgefl.runtime.shard import Shard
+    from edgefl.runtime.state import build_task
+    from edgefl.runtime.worker import Worker
+
+    fabric = fabric if fabric is not None else Fabric(ranks)
+    statuses: list = [None] * ranks
+    servers = cfg["ps"]["servers"]
+
+    def side(r: int) -> None:
+        task = build_task(cfg)
+        t = LoopbackTransport(fabric, r, Validator(r, model_numel=task.flat.numel))
+        if is_shard(r, servers):
+            w = (shard_cls or Shard)(cfg, t, task.flat.numel, task.signature)
+        else:
+            w = Worker(cfg, t, task)
+        w.register()
+        try:
+            statuses[r] = w.run()
+        except Exception as e:  # noqa: BLE001 - e.g. a test's simulated death
+            statuses[r] = type(e).__name__
+
+    torch.set_num_threads(1)
+    threads = [threading.Thread(target=side, args=(r,)) for r in range(1, ranks)]
+    for th in threads:
+        th.start()
+    task = build_task(cfg)
+    t0 = LoopbackTransport(fabric, 0, Validator(0, model_numel=task.flat.numel))
+    coord = (coordinator_cls or Coordinator)(cfg, t0, task, out_dir=None)
+    coord.register()
+    statuses[0] = coord.run()
+    coord.stop_workers(0)
+    for th in threads:
+        th.join(timeout=60)
+    return coord, statuses

@@ -7,32 +7,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 
 import numpy as np
 import pytest
-import torch
-from conftest import run_edgefl
+from conftest import SMALL_JOB, run_edgefl, run_loopback_job
 
-from edgefl.comm.loopback import Fabric, LoopbackTransport
-from edgefl.comm.wire import HEADER_BYTES, Kind, Validator
+from edgefl.comm.loopback import Fabric
+from edgefl.comm.wire import HEADER_BYTES, Kind
 from edgefl.config import load_config
 from edgefl.errors import ConfigError
 from edgefl.runtime.coordinator import Coordinator
-from edgefl.runtime.placement import is_shard
 from edgefl.runtime.policies import check_shards
 from edgefl.runtime.shard import Shard, fail_over, range_holders
-from edgefl.runtime.state import build_task
-from edgefl.runtime.worker import Worker
 
-SMALL = [
-    "fleet.devices=5",
-    "run.rounds=3",
-    "data.args.dim=10",
-    "data.args.classes=4",
-    "model.args.hidden=[8]",
-    'output.progress="quiet"',
-]
+SMALL = SMALL_JOB
 
 
 def test_ring_holders_and_fail_over_by_hand():
@@ -76,14 +64,11 @@ class _Died(Exception):
 
 
 def _loopback(cfg: dict, ranks: int, kill: tuple[int, int] | None = None):
-    """A whole job in threads; ``kill = (shard rank, n)``: that shard dies at its n-th apply
-    (the fabric drops its messages and reports it failed, as ULFM does). Returns the
-    coordinator, the exit statuses, every shard's SHARD_REPLICA log (rank -> [(range,
-    version, values)]) and rank 0's model after every version."""
+    """run_loopback_job recording every replica a shard receives and every model version
+    rank 0 assembles; ``kill = (rank, n)``: that shard dies at its n-th apply."""
     fabric = Fabric(ranks)
-    statuses: list = [None] * ranks
-    servers = cfg["ps"]["servers"]
-    replicas_seen: dict[int, list] = {}
+    replicas_seen: dict[int, list] = {r: [] for r in range(1, 1 + cfg["ps"]["servers"])}
+    versions: dict[int, np.ndarray] = {}
 
     class RecShard(Shard):
         def _handle(self, msg):
@@ -98,42 +83,21 @@ def _loopback(cfg: dict, ranks: int, kill: tuple[int, int] | None = None):
                 raise _Died
             super()._apply(version, rows)
 
-    def side(r: int) -> None:
-        task = build_task(cfg)
-        t = LoopbackTransport(fabric, r, Validator(r, model_numel=task.flat.numel))
-        if is_shard(r, servers):
-            replicas_seen[r] = []
-            w = RecShard(cfg, t, task.flat.numel, task.signature)
-        else:
-            w = Worker(cfg, t, task)
-        w.register()
-        try:
-            statuses[r] = w.run()
-        except _Died:
-            statuses[r] = "killed"
-
-    versions: dict[int, np.ndarray] = {}
-
     class RecCoordinator(Coordinator):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            versions[0] = self.global_model.copy()
+
         def _shard_apply(self, arr):
             ok = super()._shard_apply(arr)
             if ok:
                 versions[self.version + 1] = self.global_model.copy()
             return ok
 
-    torch.set_num_threads(1)
-    threads = [threading.Thread(target=side, args=(r,)) for r in range(1, ranks)]
-    for th in threads:
-        th.start()
-    task = build_task(cfg)
-    t0 = LoopbackTransport(fabric, 0, Validator(0, model_numel=task.flat.numel))
-    coord = RecCoordinator(cfg, t0, task, out_dir=None)
-    versions[0] = coord.global_model.copy()
-    coord.register()
-    statuses[0] = coord.run()
-    coord.stop_workers(0)
-    for th in threads:
-        th.join(timeout=60)
+    coord, statuses = run_loopback_job(
+        cfg, ranks, shard_cls=RecShard, coordinator_cls=RecCoordinator, fabric=fabric
+    )
+    statuses = ["killed" if s == "_Died" else s for s in statuses]
     return coord, statuses, replicas_seen, versions
 
 

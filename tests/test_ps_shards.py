@@ -7,33 +7,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 
 import numpy as np
 import pytest
-import torch
-from conftest import run_edgefl
+from conftest import SMALL_JOB, run_edgefl, run_loopback_job
 
 from edgefl.comm import Kind
 from edgefl.comm.loopback import Fabric, LoopbackTransport
 from edgefl.comm.wire import Validator
 from edgefl.config import load_config
 from edgefl.errors import ConfigError, EdgeflError
-from edgefl.runtime.coordinator import Coordinator
 from edgefl.runtime.placement import devices_of_rank, is_shard, rank_of_device
 from edgefl.runtime.policies import check_shards
 from edgefl.runtime.shard import Shard
-from edgefl.runtime.state import build_task
-from edgefl.runtime.worker import Worker
 
-SMALL = [
-    "fleet.devices=5",
-    "run.rounds=3",
-    "data.args.dim=10",
-    "data.args.classes=4",
-    "model.args.hidden=[8]",
-    'output.progress="quiet"',
-]
+SMALL = SMALL_JOB
 
 
 def test_placement_skips_shard_ranks():
@@ -76,45 +64,14 @@ def test_ranks_must_leave_a_worker():
     check_shards(load_config(overrides=['algorithm.consistency="ssp"']), 2)  # S = 0: no check
 
 
-def _loopback(cfg: dict, ranks: int) -> tuple[Coordinator, list]:
-    """A whole job in threads over the loopback transport (shards, workers, rank 0)."""
-    fabric = Fabric(ranks)
-    statuses: list = [None] * ranks
-    servers = cfg["ps"]["servers"]
-
-    def side(r: int) -> None:
-        task = build_task(cfg)
-        t = LoopbackTransport(fabric, r, Validator(r, model_numel=task.flat.numel))
-        if is_shard(r, servers):
-            w = Shard(cfg, t, task.flat.numel, task.signature)
-        else:
-            w = Worker(cfg, t, task)
-        w.register()
-        statuses[r] = w.run()
-
-    torch.set_num_threads(1)
-    threads = [threading.Thread(target=side, args=(r,)) for r in range(1, ranks)]
-    for th in threads:
-        th.start()
-    task = build_task(cfg)
-    t0 = LoopbackTransport(fabric, 0, Validator(0, model_numel=task.flat.numel))
-    coord = Coordinator(cfg, t0, task, out_dir=None)
-    coord.register()
-    statuses[0] = coord.run()
-    coord.stop_workers(0)
-    for th in threads:
-        th.join(timeout=60)
-    return coord, statuses
-
-
 def _sha(a: np.ndarray) -> str:
     return hashlib.sha256(a.tobytes()).hexdigest()
 
 
 def test_sharded_loopback_job_is_bit_identical_and_moves_model_bytes_off_rank0():
     wide = [*SMALL, "data.args.dim=32", "model.args.hidden=[256]"]  # 37 KB of float32
-    plain, st0 = _loopback(load_config(overrides=wide), ranks=3)
-    sharded, st2 = _loopback(load_config(overrides=[*wide, "ps.servers=2"]), ranks=5)
+    plain, st0 = run_loopback_job(load_config(overrides=wide), ranks=3)
+    sharded, st2 = run_loopback_job(load_config(overrides=[*wide, "ps.servers=2"]), ranks=5)
     assert st0 == [0, 0, 0] and st2 == [0] * 5
     assert {v["rank"] for v in sharded.devices.values()} == {3, 4}
     assert all(v["rounds"] == 3 for v in sharded.devices.values())
