@@ -150,15 +150,15 @@ def test_kkt_that_skips_nothing_changes_nothing():
     skip nothing, so the extra gradient pass must leave training bit-identical."""
     import hashlib
 
-    from test_loopback_job import run_loopback
+    from conftest import run_loopback_job
 
     sets = [
         "fleet.devices=4", "run.rounds=3", "ps.sparse=true", "ps.key_cache=true",
         "server.l1=0.01", "output.progress='quiet'",
         "data.args={features=300, samples_per_device=60, nnz_per_example=5}",
     ]  # fmt: skip
-    plain, _ = run_loopback(_cfg(*sets), ranks=3)
-    kkt, status = run_loopback(_cfg(*sets, 'ps.filters=["kkt"]', "ps.kkt_margin=0.02"), ranks=3)
+    plain, _ = run_loopback_job(_cfg(*sets), ranks=3)
+    kkt, status = run_loopback_job(_cfg(*sets, 'ps.filters=["kkt"]', "ps.kkt_margin=0.02"), ranks=3)
     assert status == [0, 0, 0]
     h = [hashlib.sha256(c.global_model.tobytes()).hexdigest() for c in (plain, kkt)]
     assert h[0] == h[1]
