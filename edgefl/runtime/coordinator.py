@@ -511,13 +511,7 @@ class Coordinator:
     def _dispatch(self, d: int, now: float) -> None:
         """Start a new task of ``d`` from the current model (model download + TRAIN)."""
         task = self._next_task(d)
-        down = self._down_bytes(d)
-        dev = self.devices[d]
-        dev["bytes_down"] += down
-        dev["msgs_down"] += 2
-        dev["requests"] += 1
-        self._period["bytes_down"] += down
-        self._period["msgs_down"] += 2
+        self._book_download(d)
         self.inflight[d] = (task, self.version, now)
         if self.policy.name == "fedasync":
             self.bases.setdefault(self.version, self.global_model.copy())
@@ -525,10 +519,7 @@ class Coordinator:
         self._log("dispatch", now, d, task)
         if not self._plan(d, task, now, download=True):
             return
-        rank = dev["rank"]
-        if self.rank_version.get(rank) != self.version:
-            self._send_model(rank)
-            self.rank_version[rank] = self.version
+        self._model_to_rank(self.devices[d]["rank"])
         self._send_train(d, task, now, flags=0)
 
     def _continue(self, d: int, now: float) -> None:
@@ -540,26 +531,35 @@ class Coordinator:
         refresh = self.refresh.pop(d, False)
         if refresh:
             base = self.version
-            down = self._down_bytes(d)
-            dev = self.devices[d]
-            dev["bytes_down"] += down
-            dev["msgs_down"] += 2
-            dev["requests"] += 1
-            self._period["bytes_down"] += down
-            self._period["msgs_down"] += 2
+            self._book_download(d)
         self.inflight[d] = (task, base, t0)
         if not self._plan(d, task, now, download=refresh):
             return
         if refresh:
-            rank = self.devices[d]["rank"]
-            if self.rank_version.get(rank) != self.version:
-                self.t.wait_sends()
-                self._send_model(rank)
-                self.rank_version[rank] = self.version
+            self._model_to_rank(self.devices[d]["rank"], wait=True)
             self._send_train(d, task, now, flags=CONTINUE | REFRESH)
         else:
             self._send_train(d, task, now, flags=CONTINUE)
             self.control_msgs += 1
+
+    def _book_download(self, d: int) -> None:
+        """Device ``d`` downloads the current model: count its bytes and 2 messages."""
+        down = self._down_bytes(d)
+        dev = self.devices[d]
+        dev["bytes_down"] += down
+        dev["msgs_down"] += 2
+        dev["requests"] += 1
+        self._period["bytes_down"] += down
+        self._period["msgs_down"] += 2
+
+    def _model_to_rank(self, rank: int, wait: bool = False) -> None:
+        """Send ``rank`` the current model unless it already has this version (``wait``:
+        first let pending sends finish, as the model buffer may be in flight)."""
+        if self.rank_version.get(rank) != self.version:
+            if wait:
+                self.t.wait_sends()
+            self._send_model(rank)
+            self.rank_version[rank] = self.version
 
     def _next_task(self, d: int) -> int:
         task = self.tasks[d]
