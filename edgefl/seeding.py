@@ -14,3 +14,5 @@ def derive_seed(seed: int, *parts: int) -> int:
 # stream purposes (the last part of derive_seed's key)
 TRAIN = 1
 SAMPLE = 2
+SUBSET = 3  # the seeded subset of a task's samples (a sample budget)
+HOLDOUT = 4  # a gated device's held-out split

@@ -89,9 +89,9 @@ def run_loopback_job(cfg: dict, ranks: int, *, shard_cls=None, coordinator_cls=N
     from edgefl.comm.wire import Validator
     from edgefl.runtime.coordinator import Coordinator
     from edgefl.runtime.placement import is_shard
-    from edgefl.runtime.shard import Shard
     from edgefl.runtime.state import build_task
     from edgefl.runtime.worker import Worker
+    from edgefl.server.shard import Shard
 
     fabric = fabric if fabric is not None else Fabric(ranks)
     statuses: list = [None] * ranks

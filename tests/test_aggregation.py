@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from edgefl.errors import ConfigError
-from edgefl.policies.aggregation import Mean, SampleWeighted, Update, make_aggregator
+from edgefl.policies.aggregation import Mean, SampleWeighted, Update
+from edgefl.policies.aggregators import make_aggregator
 
 
 def _updates(rng, n=5, d=100):

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgefl.errors import ConfigError
-from edgefl.policies.compress import (
+from edgefl.algorithms.ps.compress import (
     PREFIX_BYTES,
     WIRE_HEADER_BYTES,
     Decoder,
@@ -21,6 +20,7 @@ from edgefl.policies.compress import (
     key_hash,
     round_values,
 )
+from edgefl.errors import ConfigError
 
 DTYPES = ["float32", "float16", "bfloat16"]
 

@@ -21,7 +21,8 @@ import pytest
 
 from edgefl.config.schema import defaults
 from edgefl.errors import ConfigError
-from edgefl.policies.aggregation import Update, make_aggregator, ordered_updates
+from edgefl.policies.aggregation import Update, ordered_updates
+from edgefl.policies.aggregators import make_aggregator
 from edgefl.policies.consistency import (
     BSP,
     POLICIES,

@@ -7,9 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgefl.errors import ConfigError
-from edgefl.policies.compress import round_values
-from edgefl.policies.filters import (
+from edgefl.algorithms.ps.compress import round_values
+from edgefl.algorithms.ps.filters import (
     ErrorFeedback,
     FilterChain,
     FilterContext,
@@ -17,6 +16,7 @@ from edgefl.policies.filters import (
     SignificantlyModified,
     make_filter_chain,
 )
+from edgefl.errors import ConfigError
 
 SPACE = 40
 

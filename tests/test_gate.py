@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edgefl.algorithms.hermes.metrics import HermesMetrics, worker_independence
 from edgefl.errors import ConfigError
 from edgefl.policies.gate import (
     AlwaysGate,
@@ -17,7 +18,6 @@ from edgefl.policies.gate import (
     min_losses_for,
     min_losses_for_percentile,
 )
-from edgefl.policies.hermes_metrics import HermesMetrics, worker_independence
 
 
 def feed(gate, losses):

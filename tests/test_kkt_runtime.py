@@ -11,11 +11,11 @@ import pytest
 import torch
 from conftest import run_edgefl
 
+from edgefl.algorithms.ps.filters import mass_checksum
+from edgefl.algorithms.ps.workset import device_working_set, loss_gradient
 from edgefl.config import load_config
 from edgefl.errors import ConfigError
-from edgefl.policies.filters import mass_checksum
-from edgefl.runtime.policies import check_policies, device_working_set
-from edgefl.runtime.worker import loss_gradient
+from edgefl.runtime.policies import check_policies
 
 # a sparse L1 workload where accuracy moves (base_logit 0: about half positives)
 CLICKS = [
@@ -162,5 +162,5 @@ def test_kkt_that_skips_nothing_changes_nothing():
     assert status == [0, 0, 0]
     h = [hashlib.sha256(c.global_model.tobytes()).hexdigest() for c in (plain, kkt)]
     assert h[0] == h[1]
-    ps = kkt._ps_summary()
+    ps = kkt.plugin("ps").summary()["ps"]
     assert ps["kkt_seen"] > 0 and ps["kkt_skipped"] == 0

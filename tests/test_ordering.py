@@ -1,4 +1,5 @@
-"""Ordering policies: D-RR, ID-GraB(PairBal), ID-GraB(Bal), CD-GraB (edgefl.policies.ordering)."""
+"""Ordering policies: D-RR, ID-GraB(PairBal), ID-GraB(Bal), CD-GraB
+(edgefl.algorithms.ordering.orderers)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgefl.errors import CheckpointError, ConfigError
-from edgefl.policies import ordering as om
-from edgefl.policies.ordering import (
+from edgefl.algorithms.ordering import orderers as om
+from edgefl.algorithms.ordering.orderers import (
     BalanceWalk,
     RandomSketch,
     balance,
@@ -23,6 +23,7 @@ from edgefl.policies.ordering import (
     replay_epoch_debug,
     save_epoch_debug,
 )
+from edgefl.errors import CheckpointError, ConfigError
 
 GRAB = ("id-grab", "id-grab-bal", "cd-grab")
 PAIRED = ("id-grab", "cd-grab")

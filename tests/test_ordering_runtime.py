@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import run_edgefl
 
-from edgefl.policies.ordering import replay_epoch_debug
+from edgefl.algorithms.ordering.orderers import replay_epoch_debug
 
 pytestmark = pytest.mark.mpi
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgefl.policies.ordering import make_orderer
+from edgefl.algorithms.ordering.orderers import make_orderer
 
 GRAB = ("id-grab", "id-grab-bal", "cd-grab")
 

@@ -18,7 +18,7 @@ from edgefl.config import load_config
 from edgefl.errors import ConfigError
 from edgefl.runtime.coordinator import Coordinator
 from edgefl.runtime.policies import check_shards
-from edgefl.runtime.shard import Shard, fail_over, range_holders
+from edgefl.server.shard import Shard, fail_over, range_holders
 
 SMALL = SMALL_JOB
 
@@ -87,12 +87,15 @@ def _loopback(cfg: dict, ranks: int, kill: tuple[int, int] | None = None):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             versions[0] = self.global_model.copy()
+            inner = self.server._shard_apply
 
-        def _shard_apply(self, arr):
-            ok = super()._shard_apply(arr)
-            if ok:
-                versions[self.version + 1] = self.global_model.copy()
-            return ok
+            def recorded(arr):
+                ok = inner(arr)
+                if ok:
+                    versions[self.version + 1] = self.global_model.copy()
+                return ok
+
+            self.server._shard_apply = recorded
 
     coord, statuses = run_loopback_job(
         cfg, ranks, shard_cls=RecShard, coordinator_cls=RecCoordinator, fabric=fabric
@@ -112,7 +115,7 @@ def test_replicas_hold_the_owners_range_after_every_apply():
     plain, st1, _, _ = _loopback(load_config(overrides=[*SMALL, "ps.servers=3"]), ranks=6)
     assert st1 == [0] * 6
     assert _sha(coord.global_model) == _sha(plain.global_model)  # replication changes nothing
-    ranges = coord.shard_ranges
+    ranges = coord.server.ranges
     for i, r in enumerate(ranges):
         holder = range_holders(i, 3, 2)[1]
         got = {v: a for j, v, a in seen[holder] if j == i}
@@ -124,12 +127,12 @@ def test_replicas_hold_the_owners_range_after_every_apply():
     # nobody else got a copy of range i (k - 1 = 1 holder)
     for s, log in seen.items():
         assert {j for j, _, _ in log} == {(s - 2) % 3}
-    ps = coord._ps_summary()
+    ps = coord.server.summary()["ps"]
     numel = coord.global_model.size
     # 4 versions x (3 headers + every key once)
     assert ps["replica_bytes"] == 4 * (3 * HEADER_BYTES + 4 * numel)
     assert ps["replicas"] == 2 and ps["failovers"] == [] and ps["owners"] == [1, 2, 3]
-    assert plain._ps_summary()["replica_bytes"] == 0
+    assert plain.server.summary()["ps"]["replica_bytes"] == 0
 
 
 @pytest.mark.parametrize("killed", [2, 3])
@@ -142,7 +145,7 @@ def test_a_killed_shard_fails_over_and_the_run_is_bit_identical(killed):
     assert st == want
     assert coord.version == 3 and not coord.stopped
     assert _sha(coord.global_model) == _sha(ref.global_model)
-    ps = coord._ps_summary()
+    ps = coord.server.summary()["ps"]
     moved = killed - 1  # the killed shard's range index
     assert len(ps["failovers"]) == 1
     fo = ps["failovers"][0]

@@ -19,7 +19,7 @@ from edgefl.config import load_config
 from edgefl.errors import ConfigError, EdgeflError
 from edgefl.runtime.placement import devices_of_rank, is_shard, rank_of_device
 from edgefl.runtime.policies import check_shards
-from edgefl.runtime.shard import Shard
+from edgefl.server.shard import Shard
 
 SMALL = SMALL_JOB
 
@@ -84,7 +84,7 @@ def test_sharded_loopback_job_is_bit_identical_and_moves_model_bytes_off_rank0()
     # only the initial ranges (one model) plus headers and apply lists
     assert sent0 >= 6 * model
     assert model <= sent2 < 1.3 * model
-    ps = sharded._ps_summary()
+    ps = sharded.server.summary()["ps"]
     n = sharded.global_model.size
     assert ps["servers"] == 2 and ps["ranges"] == [[0, (n + 1) // 2], [(n + 1) // 2, n]]
     # each shard served 2 pulls x 3 versions and returned 3 new ranges: its half of the model

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgefl.errors import ConfigError
-from edgefl.policies.aggregation import Mean, Update, all_aggregators, make_aggregator
+from edgefl.policies.aggregation import Mean, Update
+from edgefl.policies.aggregators import all_aggregators, make_aggregator
 from edgefl.policies.robust import (
     CoordinateMedian,
     Krum,

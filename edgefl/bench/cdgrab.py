@@ -6,7 +6,7 @@ training set is split into ``m`` equal worker shards (examples never move); at e
 worker takes its next ``batch`` examples in its current order and computes their per-example
 gradients at the shared model (``edgefl.models.per_example``, one vmap call for all workers),
 and the average over all ``m * batch`` examples is applied as one SGD step. At the end of an
-epoch the ordering module (``edgefl.policies.ordering``, the one the coordinator uses) turns
+epoch the ordering module (``edgefl.algorithms.ordering.orderers``, the coordinator's) turns
 the epoch's gradients into every worker's next order. Every ordering uses the same learning
 rate, data, initial model and first-epoch (D-RR) order for a given seed. The step size at
 ``m`` workers is ``lr * m / 16`` (linear scaling rule: the averaged batch grows with ``m``;
@@ -34,8 +34,8 @@ infinity norm, see ``ordering.herding_bound``), ``ordering_overhead_fraction`` (
 time the epoch waits for / the distributed epoch time) and ``ordering_cpu_fraction`` (all
 ordering time / the same). As in the runtime, every
 worker ships each step's rows (sketches) as soon as the step ends, and the coordinator feeds
-them to an :class:`~edgefl.policies.ordering.EpochStream`, which balances them at once; the
-timeline is replayed from measured times: the workers compute in parallel (this process's
+them to an :class:`~edgefl.algorithms.ordering.orderers.EpochStream`, which balances them at
+once; the timeline is replayed from measured times: the workers compute in parallel (this process's
 gradient time of a step divided by ``m``), the coordinator takes a step's rows when that step
 ends and is busy for its measured ``add`` time, and after the last step it needs the rest of
 its backlog plus ``finish``. What it needs beyond the workers' last step is what the epoch
@@ -171,10 +171,10 @@ def run_one(spec: TaskSpec, m: int, ordering: str, seed: int, args: argparse.Nam
     import torch
     import torch.nn.functional as F
 
+    from ..algorithms.ordering.orderers import herding_bound, make_orderer
     from ..models import FlatParams, build_model
     from ..models.per_example import PerExampleGrads
     from ..models.train import loss_fn
-    from ..policies.ordering import herding_bound, make_orderer
 
     examples = _examples(spec, args)
     X, Y, info, n = _task_data(spec, m, seed, examples)

@@ -15,7 +15,7 @@ round with ``sgd`` at ``lr = 1`` is one proximal gradient step; see
 
 **In-process.** Devices are simulated one after another in this one process, no MPI. Every
 message a device and the server exchange is really encoded and decoded with
-:mod:`edgefl.policies.compress`, and the decoded values are what training uses, so
+:mod:`edgefl.algorithms.ps.compress`, and the decoded values are what training uses, so
 ``bytes_up``/``bytes_down`` are the exact sizes of the messages the runtime will send: each
 message's payload plus the 80-byte wire header, summed over all devices and rounds.
 ``time_s`` is this process's wall time for the variant (training, filtering, encoding).
@@ -163,8 +163,8 @@ def objective(data, devices_full, w: np.ndarray, l1: float) -> tuple[float, floa
 
 def run_variant(v: Variant, data, devices: list[Device], cfg: dict) -> dict:
     """Simulate ``cfg['rounds']`` rounds of one variant; returns its row."""
-    from ..policies.compress import Decoder, Encoder, round_values
-    from ..policies.filters import FilterContext, make_filter_chain
+    from ..algorithms.ps.compress import Decoder, Encoder, round_values
+    from ..algorithms.ps.filters import FilterContext, make_filter_chain
     from ..policies.keyrange import KeyRange, gather
     from ..policies.server_opt import make_server_optimizer
 

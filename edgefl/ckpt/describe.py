@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from edgefl.ckpt.plan import Node, decode_leaf, short_value, unescape_key
-from edgefl.ckpt.store import _open, read_nodes
+from edgefl.ckpt.store import open_checkpoint, read_nodes
 
 MAX_CHILDREN = 8  # entries listed per nested group before eliding the middle
 MAX_TOP = 40  # entries listed at the top level before eliding
@@ -71,7 +71,7 @@ def describe_checkpoint(path: str | os.PathLike) -> str:
     (long groups and strings are elided). Raises CheckpointError for unreadable files.
     """
     p = Path(path)
-    with _open(p) as f:
+    with open_checkpoint(p) as f:
         version = int(f.attrs["format_version"])
         created = f.attrs.get("created_unix_s")
         nodes = read_nodes(f, str(p))

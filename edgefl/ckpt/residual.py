@@ -13,6 +13,11 @@ arrays in a fixed order), so a file whose parts are individually intact but do n
 together is rejected too. Any missing, truncated, corrupt or foreign file raises
 :class:`edgefl.errors.CheckpointError` with a one-line message naming the file; the runtime
 logs it and goes on without that residual.
+
+The format of the residual state itself (:data:`STATE_FORMAT`, its keys and dtypes,
+:func:`check_state`) is defined here, at the bottom of the layering, so that the checkpoint
+needs nothing from :mod:`edgefl.policies`: :mod:`edgefl.policies.residual` (which produces
+the state) and :mod:`edgefl.policies.replay` import it from this module.
 """
 
 from __future__ import annotations
@@ -27,11 +32,72 @@ import numpy as np
 
 from edgefl.ckpt.store import load_checkpoint, save_checkpoint
 from edgefl.errors import CheckpointError, ConfigError
-from edgefl.policies.residual import check_state
 
 #: kind tag stored in the file
 KIND = "gddr-residual"
-_ARRAYS = ("residual", "bucket", "bucket_left", "due")
+
+# ------------------------------------------------------------------------------ state format
+
+#: version tag of a residual state (:meth:`edgefl.policies.residual.GDDRResidual.state_dict`).
+STATE_FORMAT = "gddr-residual/1"
+#: ``derive_seed`` stream constant of the GDDR withhold masks ("GDDR" in ASCII); a state
+#: records it, so a state drawn with other masks is rejected.
+MASK_STREAM = 0x47444452
+#: value of ``due`` for a coordinate that is not held.
+NOT_HELD = -1
+#: the state's arrays (in checksum order) and their dtypes; each has one entry per coordinate.
+STATE_ARRAYS: dict[str, type[np.generic]] = {
+    "residual": np.float64,
+    "bucket": np.float64,
+    "bucket_left": np.int8,
+    "due": np.int32,
+}
+#: the state's scalars (besides ``format``).
+STATE_SCALARS: tuple[str, ...] = (
+    "size",
+    "device",
+    "run_seed",
+    "mask_stream",
+    "alpha",
+    "tau",
+    "installments",
+    "installment_ratio",
+    "last_step",
+    "produced_steps",
+)
+
+
+def check_state(state: dict[str, Any]) -> None:
+    """ValueError (one line) unless ``state`` is a well-formed residual state
+    (:meth:`edgefl.policies.residual.GDDRResidual.state_dict`)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"GDDR state must be a dict, got {type(state).__name__}")
+    if state.get("format") != STATE_FORMAT:
+        raise ValueError(f"GDDR state format {state.get('format')!r}, expected {STATE_FORMAT!r}")
+    missing = [k for k in (*STATE_SCALARS, *STATE_ARRAYS) if k not in state]
+    if missing:
+        raise ValueError(f"GDDR state lacks {', '.join(missing)}")
+    if int(state["mask_stream"]) != MASK_STREAM:
+        raise ValueError(f"GDDR state mask_stream {state['mask_stream']!r} != {MASK_STREAM}")
+    size = int(state["size"])
+    for key, dtype in STATE_ARRAYS.items():
+        arr = np.asarray(state[key])
+        if arr.shape != (size,) or arr.dtype != dtype:
+            raise ValueError(
+                f"GDDR state '{key}' is {arr.dtype}{list(arr.shape)}, "
+                f"expected {np.dtype(dtype)}[{size}]"
+            )
+    if not np.isfinite(state["residual"]).all() or not np.isfinite(state["bucket"]).all():
+        raise ValueError("GDDR state holds non-finite values")
+    left = np.asarray(state["bucket_left"])
+    if left.size and (left.min() < 0 or left.max() > int(state["installments"])):
+        raise ValueError("GDDR state 'bucket_left' outside 0..installments")
+    due = np.asarray(state["due"])
+    if due.size and due.min() < NOT_HELD:
+        raise ValueError("GDDR state 'due' holds values below -1")
+
+
+# ------------------------------------------------------------------------------ files
 
 
 def residual_checkpoint_name(device: int) -> str:
@@ -61,10 +127,10 @@ def residual_checksum(state: dict[str, Any]) -> int:
     scalars = {
         k: (v.item() if isinstance(v, np.generic) else v)
         for k, v in sorted(state.items())
-        if k not in _ARRAYS
+        if k not in STATE_ARRAYS
     }
     crc = zlib.crc32(json.dumps(scalars, sort_keys=True).encode("utf-8"))
-    for key in _ARRAYS:
+    for key in STATE_ARRAYS:
         arr = np.ascontiguousarray(state[key])
         crc = zlib.crc32(arr.dtype.str.encode("ascii"), crc)
         crc = zlib.crc32(arr.reshape(-1).view(np.uint8), crc)

@@ -126,8 +126,11 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------- reading
 
 
-def _open(path: str | os.PathLike) -> h5py.File:
-    """Open a checkpoint read-only and check the commit marker; CheckpointError otherwise."""
+def open_checkpoint(path: str | os.PathLike) -> h5py.File:
+    """Open a checkpoint read-only (an open ``h5py.File``, to be closed by the caller) after
+    checking it is a complete checkpoint of our format_version; CheckpointError (one line,
+    naming the file) otherwise. :func:`load_checkpoint` and ``describe_checkpoint`` read
+    through it."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"checkpoint '{p}': no such file")
@@ -220,7 +223,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     Raises CheckpointError (one line, naming the file) if the file is missing, not HDF5,
     truncated, lacks the commit marker, has another format_version, or fails a crc32 check.
     """
-    with _open(path) as f:
+    with open_checkpoint(path) as f:
         nodes = read_nodes(f, str(path))
     try:
         return rebuild_state(nodes)
@@ -233,7 +236,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 def is_complete(path: str | os.PathLike) -> bool:
     """True if ``path`` opens as a checkpoint with the commit marker and our format_version."""
     try:
-        with _open(path):
+        with open_checkpoint(path):
             return True
     except CheckpointError:
         return False

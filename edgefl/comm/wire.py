@@ -52,7 +52,7 @@ class Kind(enum.IntEnum):
     REPORT = 9  # up: a local iteration ended without a push; aux = (samples, loss, seconds, z)
     GRADS = 10  # up: per-example gradients (or sketches) of a task, float32 (CD-GraB)
     RESIDUAL = 11  # up: GDDR-released values + the update's norm (float32); aux[3] = tau
-    SPARSE = 12  # up: a filtered, compressed update (policies.compress encoding, uint8)
+    SPARSE = 12  # up: a filtered, compressed update (algorithms.ps.compress encoding, uint8)
     RESEND = 13  # down: the SPARSE of (device, round) named a key list rank 0 lacks: resend
     MODEL_KEYS = 14  # down: global model values at the rank's working-set keys (float32)
     WORKSET = 15  # up: the sorted keys `device`'s data touches (int32/int64), sent once
@@ -71,6 +71,9 @@ class Kind(enum.IntEnum):
     SHARD_OWNERS = 22  # both: rank 0 -> shards and workers after a shard failed: the owner
     #   rank of every range (float64), version `round` is current, aux0 = owner-map epoch;
     #   shard -> rank 0: the answer, float64 [1 = holds version `round` of its ranges, 0 not]
+    STATE = 23  # both (uint8, runtime.devstate encoding): rank 0 -> worker: b"?" = send your
+    #   devices' plugin state (a checkpoint is being written), else the saved state to load
+    #   (resume); worker -> rank 0: its devices' state. device = -1 (the devices are inside)
 
 
 class DType(enum.IntEnum):
@@ -137,6 +140,7 @@ SPECS: dict[Kind, KindSpec] = {
     Kind.SHARD_STATS: KindSpec("up", frozenset({DType.FLOAT64}), "any"),
     Kind.SHARD_REPLICA: KindSpec("both", frozenset({DType.FLOAT32}), "any"),
     Kind.SHARD_OWNERS: KindSpec("both", frozenset({DType.FLOAT64}), "any"),
+    Kind.STATE: KindSpec("both", frozenset({DType.UINT8}), "any"),
 }
 
 
@@ -267,7 +271,10 @@ _DTYPES = {int(d): d for d in DType}
 # per kind code: (kind, spec, allowed dtype codes as ints); enum hashing is a Python call
 _SPEC_OF_CODE = {int(k): (k, s, frozenset(int(d) for d in s.dtypes)) for k, s in SPECS.items()}
 _ITEMSIZE = {int(d): t.itemsize for d, t in NUMPY_OF.items()}
-_UNCHECKED_DEVICE_KINDS = frozenset({int(Kind.REGISTER), int(Kind.ERROR), int(Kind.HEARTBEAT)})
+# (a STATE names its devices inside the payload; rank 0 checks them against the rank's)
+_UNCHECKED_DEVICE_KINDS = frozenset(
+    {int(Kind.REGISTER), int(Kind.ERROR), int(Kind.HEARTBEAT), int(Kind.STATE)}
+)
 
 
 class Validator:

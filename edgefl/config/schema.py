@@ -244,6 +244,13 @@ SCHEMA: dict[str, Any] = {
             "id-grab-bal, cd-grab (coordinator-balanced; docs/ordering.md).",
             choices=("none", "rr", "id-grab", "id-grab-bal", "cd-grab"),
         ),
+        "plugins": _f(
+            [],
+            "list[str]",
+            "Your own algorithm plugins, each 'module:Class' (a subclass of "
+            "edgefl.algorithms.Plugin), run after the built-in ones "
+            "(docs/write-your-own-algorithm.md).",
+        ),
         "residual": _f(
             "none",
             "str",

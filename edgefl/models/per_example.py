@@ -1,6 +1,6 @@
 """Per-example and per-microbatch gradients of the training loss (pure torch, no MPI).
 
-The ordering policies (``edgefl.policies.ordering``) need one gradient per ordered unit:
+The ordering policies (``edgefl.algorithms.ordering.orderers``) need one gradient per ordered unit:
 an example, or a microbatch of consecutive examples. :class:`PerExampleGrads` computes them
 with ``torch.func``: ``vmap(grad_and_value(loss))`` over the unit axis, where ``loss`` runs
 the model through ``functional_call`` with the loss of ``edgefl.models.train.loss_fn``

@@ -1,2 +1,3 @@
-"""Pure algorithm policies (no MPI inside): aggregation, and later consistency, gating,
-residuals, allocation and ordering. The runtime wires them to messages."""
+"""Pure policies of the runtime's core axes and the algorithms' pure rules (no MPI inside):
+consistency, aggregation (incl. robust rules, DP, server optimizers), gating, allocation,
+residuals, key ranges. Plugins (:mod:`edgefl.algorithms`) wire them to messages."""

@@ -1,10 +1,12 @@
 """Aggregation of device updates on the coordinator (pure numpy, no MPI).
 
 Every aggregator combines a round's updates in ascending device order, so the result does
-not depend on the order in which messages arrived (the determinism contract). The weighted
-means (FedAvg, plain mean) live here; the Byzantine-robust aggregators (median, trimmed
-mean, Krum, Multi-Krum, norm clipping) live in :mod:`edgefl.policies.robust` and are built
-by the same :func:`make_aggregator`.
+not depend on the order in which messages arrived (the determinism contract). This module is
+the bottom of the aggregation layer: the update type, the :class:`Aggregator` API and the
+weighted means (FedAvg, plain mean). The Byzantine-robust aggregators (median, trimmed mean,
+Krum, Multi-Krum, norm clipping) build on it in :mod:`edgefl.policies.robust`; the registry
+of every ``algorithm.aggregation`` name, :func:`~edgefl.policies.aggregators.make_aggregator`,
+sits above both in :mod:`edgefl.policies.aggregators` (so this module imports neither).
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from ..errors import ConfigError
 
 
 @dataclass
@@ -110,46 +110,6 @@ class Mean(Aggregator):
         return np.ones(len(updates))
 
 
-# The weighted means; the robust ones are registered in robust.ROBUST_AGGREGATORS.
+# The weighted means; the robust ones are registered in robust.ROBUST_AGGREGATORS and both
+# are merged by edgefl.policies.aggregators.all_aggregators.
 AGGREGATORS: dict[str, type[Aggregator]] = {a.name: a for a in (SampleWeighted, Mean)}
-
-
-def all_aggregators() -> dict[str, type[Aggregator]]:
-    """Every ``algorithm.aggregation`` name and its class, weighted means first."""
-    from .robust import ROBUST_AGGREGATORS  # robust builds on this module: import late
-
-    return {**AGGREGATORS, **ROBUST_AGGREGATORS}
-
-
-def make_aggregator(name: str, expected_updates: int | None = None, **options) -> Aggregator:
-    """Aggregator by config name (``algorithm.aggregation``).
-
-    Args:
-        name: one of :func:`all_aggregators` (mean, sample-weighted, median, trimmed-mean,
-            krum, multi-krum, norm-clip).
-        expected_updates: updates per round the run expects (None = unknown); lets Krum
-            reject an assumed Byzantine count that is too large before the run starts.
-        **options: the ``[robust]`` config keys by their leaf name (``trim_fraction``,
-            ``krum_f``, ``multi_krum_m``, ``clip_norm``, ``norm_bound``,
-            ``norm_bound_relative``, ``norm_bound_mode``); each aggregator takes the ones
-            it uses, so the whole ``cfg["robust"]`` table may be passed.
-
-    Raises ConfigError naming the key for an unknown name or a bad option.
-    """
-    from .robust import ROBUST_KEYS, build_robust
-
-    registry = all_aggregators()
-    cls = registry.get(name)
-    if cls is None:
-        raise ConfigError(
-            f"config key 'algorithm.aggregation' = {name!r}: expected one of " + ", ".join(registry)
-        )
-    unknown = sorted(set(options) - set(ROBUST_KEYS))
-    if unknown:
-        raise ConfigError(
-            f"config key 'robust.{unknown[0]}': unknown option; expected one of "
-            + ", ".join(ROBUST_KEYS)
-        )
-    if name in AGGREGATORS:
-        return cls()
-    return build_robust(name, expected_updates, options)

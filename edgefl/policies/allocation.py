@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from ..config import checks
 from ..errors import ConfigError
-from .gate import _int, _number, _pick
 
 BATCH_LADDER = (2, 4, 8, 16, 32, 64)
 TRIGGERS = ("fences", "always")
@@ -123,7 +123,7 @@ class Allocator(ABC):
     name = "abstract"
 
     def __init__(self, epochs: int = 1) -> None:
-        epochs = _int("train.local_epochs", epochs)
+        epochs = checks.integer("train.local_epochs", epochs)
         if epochs < 1:
             raise ConfigError(f"config key 'train.local_epochs' = {epochs!r}: must be >= 1")
         self.epochs = epochs
@@ -346,25 +346,25 @@ class HermesAllocation(Allocator):
         batch_sizes: Sequence[int] = BATCH_LADDER,
     ) -> None:
         super().__init__(epochs)
-        warmup = _int("allocation.warmup", warmup)
+        warmup = checks.integer("allocation.warmup", warmup)
         if warmup < 1:
             raise ConfigError(f"config key 'allocation.warmup' = {warmup!r}: must be >= 1")
-        smoothing = _number("allocation.smoothing", smoothing)
+        smoothing = checks.number("allocation.smoothing", smoothing)
         if not 0.0 < smoothing <= 1.0:
             raise ConfigError(
                 f"config key 'allocation.smoothing' = {smoothing!r}: must be in (0, 1]"
             )
-        max_change = _number("allocation.max_change", max_change)
+        max_change = checks.number("allocation.max_change", max_change)
         if not 0.0 < max_change <= 1.0:
             raise ConfigError(
                 f"config key 'allocation.max_change' = {max_change!r}: must be in (0, 1]"
             )
-        tolerance = _number("allocation.tolerance", tolerance)
+        tolerance = checks.number("allocation.tolerance", tolerance)
         if not 0.0 <= tolerance < 1.0:
             raise ConfigError(
                 f"config key 'allocation.tolerance' = {tolerance!r}: must be in [0, 1)"
             )
-        fence = _number("allocation.fence", fence)
+        fence = checks.number("allocation.fence", fence)
         if not fence > 0:
             raise ConfigError(f"config key 'allocation.fence' = {fence!r}: must be > 0")
         if trigger not in TRIGGERS:
@@ -390,7 +390,7 @@ class HermesAllocation(Allocator):
     ) -> HermesAllocation:
         """Build from the ``[allocation]`` table (missing keys take the defaults)."""
         keys = ("warmup", "smoothing", "max_change", "tolerance", "fence", "trigger")
-        return cls(epochs=epochs, **_pick(allocation, keys))
+        return cls(epochs=epochs, **checks.pick(allocation, keys))
 
     # ---- the searches ------------------------------------------------------------------------
 

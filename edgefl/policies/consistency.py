@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -185,9 +185,17 @@ class Consistency(ABC):
         return self.samples[device] / max(self.total_samples, 1)
 
     def state_dict(self) -> dict:
+        """The policy's state as plain JSON values (the runtime stores
+        ``json.dumps(policy.state_dict())`` in its checkpoints); subclasses add theirs.
+
+        Configuration (devices, samples, seed, participation, min_devices and the
+        subclass's options) is not state: a restored policy is built with the same
+        arguments first, then given the state with :meth:`load_state_dict`.
+        """
         return {"draws": self.draws}
 
     def load_state_dict(self, st: dict) -> None:
+        """Restore what :meth:`state_dict` returned (missing keys keep their defaults)."""
         self.draws = int(st.get("draws", 0))
 
 
@@ -354,6 +362,10 @@ class SSP(Consistency):
                 self.clock[int(k)] = int(v)
 
 
+def _busy_state(busy: set[int]) -> list[int]:
+    return sorted(int(d) for d in busy)
+
+
 class FedBuff(Consistency):
     """Buffered asynchronous aggregation: apply the mean of every K arrivals, each scaled
     by 1/sqrt(1 + staleness).
@@ -361,6 +373,10 @@ class FedBuff(Consistency):
     Args:
         k: buffer size K >= 1. Default 4.
         (participation sets how many devices train at once)
+
+    State (:meth:`state_dict`): the draw count, the busy devices and the buffered
+    arrivals. K and the concurrency (from participation, min_devices and the devices) are
+    configuration.
     """
 
     name = "fedbuff"
@@ -368,10 +384,79 @@ class FedBuff(Consistency):
     def __init__(self, samples, seed=0, participation=1.0, min_devices=1, k=4):
         super().__init__(samples, seed, participation, min_devices)
         self.k = k
-        self.buffer: list[tuple[Arrival, int]] = []
+        self.buffer: list[tuple[Arrival, int]] = []  # (arrival, staleness when it arrived)
 
     def start(self, now: float, available: Available) -> Decision:
+        """The first decision of a run or of a resumed run: no task is in flight then, so
+        the busy set (restored by :meth:`load_state_dict`) is cleared first."""
+        self.busy.clear()
         return self._refill(now, available)
+
+    def state_dict(self) -> dict:
+        """Plain JSON values: ``draws``, ``busy`` (sorted device ids) and ``buffer``.
+
+        ``buffer`` lists the buffered arrivals in arrival order, each by its identifying
+        fields only: ``{"device", "task", "base_version", "samples", "loss", "time_s",
+        "staleness"}`` (``staleness``: the version at arrival minus ``base_version``, the
+        one value that cannot be recomputed later). The deltas are not part of the state:
+        the caller keeps them (keyed by ``(device, task)``, see :meth:`buffered_tasks`) and
+        hands them back to :meth:`load_state_dict`.
+        """
+        return {
+            **super().state_dict(),
+            "busy": _busy_state(self.busy),
+            "buffer": [
+                {
+                    "device": int(a.device),
+                    "task": int(a.task),
+                    "base_version": int(a.base_version),
+                    "samples": int(a.samples),
+                    "loss": float(a.loss),
+                    "time_s": float(a.time_s),
+                    "staleness": int(s),
+                }
+                for a, s in self.buffer
+            ],
+        }
+
+    @staticmethod
+    def buffered_tasks(st: dict) -> list[tuple[int, int]]:
+        """``(device, task)`` of every buffered arrival in a :meth:`state_dict`, in buffer
+        order: the deltas :meth:`load_state_dict` needs to restore the buffer."""
+        return [(int(e["device"]), int(e["task"])) for e in st.get("buffer", [])]
+
+    def load_state_dict(
+        self, st: dict, deltas: Mapping[tuple[int, int], np.ndarray] | None = None
+    ) -> None:
+        """Restore what :meth:`state_dict` returned.
+
+        Args:
+            st: the state (older states without ``busy`` / ``buffer`` load as empty ones).
+            deltas: ``(device, task)`` -> the delta of that buffered arrival (used as
+                given, not copied), for every entry of :meth:`buffered_tasks`; KeyError
+                naming the arrival when one is missing. None (a resume from a checkpoint,
+                which holds no deltas): the buffered arrivals are dropped, as if they had
+                been lost; their devices are idle, not busy, and get new tasks.
+        """
+        super().load_state_dict(st)
+        self.busy = {int(d) for d in st.get("busy", [])}
+        self.buffer = []
+        if deltas is None:
+            return
+        for e in st.get("buffer", []):
+            key = (int(e["device"]), int(e["task"]))
+            if key not in deltas:
+                raise KeyError(f"FedBuff state: no delta for the buffered arrival {key}")
+            a = Arrival(
+                key[0],
+                key[1],
+                int(e["base_version"]),
+                int(e["samples"]),
+                float(e["loss"]),
+                deltas[key],
+                float(e["time_s"]),
+            )
+            self.buffer.append((a, int(e["staleness"])))
 
     def arrived(self, a: Arrival, version: int, now: float, available: Available) -> Decision:
         self.busy.discard(a.device)
@@ -393,6 +478,10 @@ class FedAsync(Consistency):
         fn: staleness function: constant, polynomial or hinge. Default polynomial.
         a_exp: the exponent / slope ``a`` of polynomial and hinge. Default 0.5.
         b: the hinge's free staleness ``b``. Default 4.
+
+    State (:meth:`state_dict`): the draw count and the busy devices; every arrival is
+    applied at once, so nothing else is held between events. The mixing options and the
+    concurrency are configuration.
     """
 
     name = "fedasync"
@@ -413,7 +502,20 @@ class FedAsync(Consistency):
         return self.alpha * s
 
     def start(self, now: float, available: Available) -> Decision:
+        """The first decision of a run or of a resumed run: no task is in flight then, so
+        the busy set (restored by :meth:`load_state_dict`) is cleared first."""
+        self.busy.clear()
         return self._refill(now, available)
+
+    def state_dict(self) -> dict:
+        """Plain JSON values: ``draws`` and ``busy`` (sorted device ids)."""
+        return {**super().state_dict(), "busy": _busy_state(self.busy)}
+
+    def load_state_dict(self, st: dict) -> None:
+        """Restore what :meth:`state_dict` returned (an older state without ``busy``
+        loads as no device busy)."""
+        super().load_state_dict(st)
+        self.busy = {int(d) for d in st.get("busy", [])}
 
     def arrived(self, a: Arrival, version: int, now: float, available: Available) -> Decision:
         self.busy.discard(a.device)

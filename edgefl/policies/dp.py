@@ -31,12 +31,12 @@ epsilon; restricting to integer orders only loosens them slightly.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
+from ..config import checks
 from ..errors import ConfigError
 from ..seeding import derive_seed
 from .aggregation import Aggregator, Update
@@ -222,16 +222,16 @@ class DPFedAvg(Aggregator):
         seed: int = 0,
         orders: Sequence[int] = DEFAULT_ORDERS,
     ) -> None:
-        self.clip = _positive("dp.clip", clip)
-        self.noise_multiplier = _number("dp.noise_multiplier", noise_multiplier)
+        self.clip = checks.positive("dp.clip", clip)
+        self.noise_multiplier = checks.number("dp.noise_multiplier", noise_multiplier)
         if self.noise_multiplier < 0:
             raise ConfigError(
                 f"config key 'dp.noise_multiplier' = {noise_multiplier!r}: must be >= 0"
             )
-        self.delta = _number("dp.delta", delta)
+        self.delta = checks.number("dp.delta", delta)
         if not 0.0 < self.delta < 1.0:
             raise ConfigError(f"config key 'dp.delta' = {delta!r}: must be > 0 and < 1")
-        q = _number("server.participation", sample_rate)
+        q = checks.number("server.participation", sample_rate)
         if not 0.0 < q <= 1.0:
             raise ConfigError(
                 f"config key 'server.participation' = {sample_rate!r}: must be > 0 and <= 1"
@@ -304,22 +304,6 @@ class DPFedAvg(Aggregator):
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned."""
         self.accountant.load_state_dict(state["accountant"])
-
-
-def _number(key: str, value: object) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise ConfigError(f"config key '{key}' = {value!r}: expected a number")
-    x = float(value)
-    if not math.isfinite(x):
-        raise ConfigError(f"config key '{key}' = {value!r}: expected a finite number")
-    return x
-
-
-def _positive(key: str, value: object) -> float:
-    x = _number(key, value)
-    if x <= 0:
-        raise ConfigError(f"config key '{key}' = {value!r}: must be > 0")
-    return x
 
 
 __all__ = [

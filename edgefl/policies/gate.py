@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import checks
 from ..errors import ConfigError
 
 TESTS = ("zscore", "percentile")
@@ -132,7 +133,7 @@ class AlwaysGate(Gate):
     name = "always"
 
     def __init__(self, wait_for_model: bool = True) -> None:
-        self.wait_for_model = _bool("hermes.wait_for_model", wait_for_model)
+        self.wait_for_model = checks.boolean("hermes.wait_for_model", wait_for_model)
         self.iterations = 0
         self._last: GateDecision | None = None
 
@@ -191,23 +192,19 @@ class HermesGUP(Gate):
         percentile: float = 10.0,
         wait_for_model: bool = True,
     ) -> None:
-        alpha = _number("hermes.alpha", alpha)
+        alpha = checks.number("hermes.alpha", alpha)
         if not alpha < 0:
             raise ConfigError(f"config key 'hermes.alpha' = {alpha!r}: must be < 0")
-        window = _int("hermes.window", window)
-        if window < 2:
-            raise ConfigError(f"config key 'hermes.window' = {window!r}: must be an integer >= 2")
-        lam = _int("hermes.lam", lam)
-        if lam < 0:
-            raise ConfigError(f"config key 'hermes.lam' = {lam!r}: must be an integer >= 0")
-        beta = _number("hermes.beta", beta)
+        window = checks.integer("hermes.window", window, minimum=2)
+        lam = checks.integer("hermes.lam", lam, minimum=0)
+        beta = checks.number("hermes.beta", beta)
         if not 0.0 <= beta < 1.0:
             raise ConfigError(f"config key 'hermes.beta' = {beta!r}: must be in [0, 1)")
         if test not in TESTS:
             raise ConfigError(
                 f"config key 'hermes.test' = {test!r}: expected one of " + ", ".join(TESTS)
             )
-        percentile = _number("hermes.percentile", percentile)
+        percentile = checks.number("hermes.percentile", percentile)
         if not 0.0 < percentile <= 50.0:
             raise ConfigError(
                 f"config key 'hermes.percentile' = {percentile!r}: must be in (0, 50]"
@@ -216,10 +213,10 @@ class HermesGUP(Gate):
         self.window_size = window
         self.lam = lam
         self.beta = beta
-        self.reset_alpha = _bool("hermes.reset_alpha", reset_alpha)
+        self.reset_alpha = checks.boolean("hermes.reset_alpha", reset_alpha)
         self.test = test
         self.percentile0 = percentile
-        self.wait_for_model = _bool("hermes.wait_for_model", wait_for_model)
+        self.wait_for_model = checks.boolean("hermes.wait_for_model", wait_for_model)
         # mutable state
         self.alpha = alpha
         self.percentile = percentile
@@ -232,7 +229,7 @@ class HermesGUP(Gate):
     @classmethod
     def from_config(cls, hermes: Mapping[str, Any] | None = None) -> HermesGUP:
         """Build from the ``[hermes]`` config table (missing keys take the defaults)."""
-        return cls(**_pick(hermes, _GUP_KEYS))
+        return cls(**checks.pick(hermes, _GUP_KEYS))
 
     @property
     def threshold(self) -> float:
@@ -330,32 +327,3 @@ def make_gate(name: str, hermes: Mapping[str, Any] | None = None) -> Gate:
     raise ConfigError(
         f"config key 'algorithm.gate' = {name!r}: expected one of " + ", ".join(GATES)
     )
-
-
-# --- validation helpers (shared with the other Hermes modules) -----------------------------
-
-
-def _number(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ConfigError(f"config key {key!r} = {value!r}: must be a number")
-    x = float(value)
-    if not math.isfinite(x):
-        raise ConfigError(f"config key {key!r} = {value!r}: must be finite")
-    return x
-
-
-def _int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"config key {key!r} = {value!r}: must be an integer")
-    return int(value)
-
-
-def _bool(key: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ConfigError(f"config key {key!r} = {value!r}: must be true or false")
-    return bool(value)
-
-
-def _pick(table: Mapping[str, Any] | None, keys: tuple[str, ...]) -> dict[str, Any]:
-    """The entries of ``table`` named in ``keys`` (other keys belong to other modules)."""
-    return {k: table[k] for k in keys if table is not None and k in table}

@@ -5,7 +5,7 @@ Parameter Server", OSDI 2014), mapped onto edgefl's one flat float32 buffer
 (:class:`edgefl.models.flat.FlatParams`):
 
 * a **key** is a flat element index ``0 .. numel - 1`` (int64 here; int32 on the wire, see
-  :mod:`edgefl.policies.compress`);
+  :mod:`edgefl.algorithms.ps.compress`);
 * a **key range** is a half-open interval ``[start, stop)`` of keys: a whole parameter tensor,
   one shard of the model, or any slice;
 * a **row** of a parameter of shape ``(R, C, ...)`` is the ``prod(C, ...)`` consecutive keys of

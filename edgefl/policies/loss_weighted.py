@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from ..config import checks
 from ..errors import ConfigError
 from .aggregation import Aggregator, Update, ordered_updates
-from .gate import _int, _number
 
 MIN_LOSS = 1e-12  # a loss of exactly 0 is treated as this (weight 1e12, not a division by 0)
 
@@ -185,12 +185,12 @@ class LossSoftmax(Aggregator):
     name = "loss-softmax"
 
     def __init__(self, temperature: float = 0.5, buffer: int = 4) -> None:
-        temperature = _number("hermes.softmax_temperature", temperature)
+        temperature = checks.number("hermes.softmax_temperature", temperature)
         if not temperature > 0:
             raise ConfigError(
                 f"config key 'hermes.softmax_temperature' = {temperature!r}: must be > 0"
             )
-        buffer = _int("hermes.softmax_buffer", buffer)
+        buffer = checks.integer("hermes.softmax_buffer", buffer)
         if buffer < 1:
             raise ConfigError(f"config key 'hermes.softmax_buffer' = {buffer!r}: must be >= 1")
         self.temperature = temperature

@@ -57,14 +57,13 @@ from typing import Any
 
 import numpy as np
 
+# The state format (STATE_FORMAT, MASK_STREAM, check_state) lives with the residual
+# checkpoint, at the bottom of the layering; it is re-exported here.
+from ..ckpt.residual import MASK_STREAM, NOT_HELD, STATE_FORMAT, check_state
 from ..errors import ConfigError
 from ..seeding import derive_seed
 
-#: ``derive_seed`` stream constant of the GDDR withhold masks ("GDDR" in ASCII).
-MASK_STREAM = 0x47444452
-#: version tag of :meth:`GDDRResidual.state_dict`.
-STATE_FORMAT = "gddr-residual/1"
-_NOT_HELD = -1
+_NOT_HELD = NOT_HELD
 _DUE_MAX = np.iinfo(np.int32).max
 
 
@@ -463,55 +462,6 @@ class GDDRResidual:
         )
         r.load_state_dict(state)
         return r
-
-
-_STATE_ARRAYS = {
-    "residual": np.float64,
-    "bucket": np.float64,
-    "bucket_left": np.int8,
-    "due": np.int32,
-}
-_STATE_SCALARS = (
-    "size",
-    "device",
-    "run_seed",
-    "mask_stream",
-    "alpha",
-    "tau",
-    "installments",
-    "installment_ratio",
-    "last_step",
-    "produced_steps",
-)
-
-
-def check_state(state: dict[str, Any]) -> None:
-    """ValueError (one line) unless ``state`` is a well-formed :meth:`GDDRResidual.state_dict`."""
-    if not isinstance(state, dict):
-        raise ValueError(f"GDDR state must be a dict, got {type(state).__name__}")
-    if state.get("format") != STATE_FORMAT:
-        raise ValueError(f"GDDR state format {state.get('format')!r}, expected {STATE_FORMAT!r}")
-    missing = [k for k in (*_STATE_SCALARS, *_STATE_ARRAYS) if k not in state]
-    if missing:
-        raise ValueError(f"GDDR state lacks {', '.join(missing)}")
-    if int(state["mask_stream"]) != MASK_STREAM:
-        raise ValueError(f"GDDR state mask_stream {state['mask_stream']!r} != {MASK_STREAM}")
-    size = int(state["size"])
-    for key, dtype in _STATE_ARRAYS.items():
-        arr = np.asarray(state[key])
-        if arr.shape != (size,) or arr.dtype != dtype:
-            raise ValueError(
-                f"GDDR state '{key}' is {arr.dtype}{list(arr.shape)}, "
-                f"expected {np.dtype(dtype)}[{size}]"
-            )
-    if not np.isfinite(state["residual"]).all() or not np.isfinite(state["bucket"]).all():
-        raise ValueError("GDDR state holds non-finite values")
-    left = np.asarray(state["bucket_left"])
-    if left.size and (left.min() < 0 or left.max() > int(state["installments"])):
-        raise ValueError("GDDR state 'bucket_left' outside 0..installments")
-    due = np.asarray(state["due"])
-    if due.size and due.min() < _NOT_HELD:
-        raise ValueError("GDDR state 'due' holds values below -1")
 
 
 # ------------------------------------------------------------------------------ coordinator

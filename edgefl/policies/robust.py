@@ -27,13 +27,13 @@ outliers, and returns the (device, reason) of every rejection for the coordinato
 from __future__ import annotations
 
 import math
-import numbers
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..config import checks
 from ..errors import ConfigError
 from .aggregation import Aggregator, Update
 
@@ -63,24 +63,6 @@ NORM_BOUND_MODES = ("reject", "clip")
 # Coordinates handled at once (float64 elements per block, all updates together): bounds the
 # temporary memory of the coordinate-wise aggregators to about 32 MiB.
 _BLOCK_ELEMENTS = 1 << 22
-
-
-# -- option checks ------------------------------------------------------------------------
-def _number(key: str, value: object, integer: bool = False) -> float:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-    if integer:
-        ok = ok and (isinstance(value, numbers.Integral) or float(value).is_integer())
-    if not ok or not math.isfinite(float(value)):  # type: ignore[arg-type]
-        what = "an integer" if integer else "a finite number"
-        raise ConfigError(f"config key 'robust.{key}' = {value!r}: expected {what}")
-    return int(value) if integer else float(value)  # type: ignore[arg-type]
-
-
-def _non_negative(key: str, value: object, integer: bool = False) -> float:
-    x = _number(key, value, integer)
-    if x < 0:
-        raise ConfigError(f"config key 'robust.{key}' = {value!r}: must be >= 0")
-    return x
 
 
 # -- shared numerics ----------------------------------------------------------------------
@@ -151,7 +133,7 @@ class TrimmedMean(Aggregator):
     name = "trimmed-mean"
 
     def __init__(self, trim_fraction: float = 0.1) -> None:
-        beta = _number("trim_fraction", trim_fraction)
+        beta = checks.number("robust.trim_fraction", trim_fraction)
         if not 0.0 <= beta < 0.5:
             raise ConfigError(
                 f"config key 'robust.trim_fraction' = {trim_fraction!r}: must be >= 0 and < 0.5"
@@ -192,8 +174,8 @@ class MultiKrum(Aggregator):
     name = "multi-krum"
 
     def __init__(self, f: int, m: int = 0, expected_updates: int | None = None) -> None:
-        self.f = int(_non_negative("krum_f", f, integer=True))
-        self.m = int(_non_negative("multi_krum_m", m, integer=True))
+        self.f = checks.integer("robust.krum_f", f, minimum=0, allow_float=True)
+        self.m = checks.integer("robust.multi_krum_m", m, minimum=0, allow_float=True)
         self.last_selected: list[int] = []
         self.last_scores: dict[int, float] = {}
         if expected_updates is not None:
@@ -276,7 +258,7 @@ class NormClip(Aggregator):
     name = "norm-clip"
 
     def __init__(self, clip_norm: float = 0.0) -> None:
-        self.clip_norm = _non_negative("clip_norm", clip_norm)
+        self.clip_norm = checks.non_negative("robust.clip_norm", clip_norm)
         self.last_clip_norm = 0.0
         self.last_clipped: list[int] = []
 
@@ -305,7 +287,7 @@ def build_robust(
     name: str, expected_updates: int | None, options: Mapping[str, object]
 ) -> Aggregator:
     """A robust aggregator from its name and the ``[robust]`` options (leaf names); called
-    by :func:`~edgefl.policies.aggregation.make_aggregator`, which checked the names."""
+    by :func:`~edgefl.policies.aggregators.make_aggregator`, which checked the names."""
     opt = {**DEFAULTS, **options}
     if name == "median":
         return CoordinateMedian()
@@ -372,8 +354,8 @@ class UpdateFilter:
         numel: int = 0,
     ) -> None:
         self.numel = int(numel)
-        self.norm_bound = _non_negative("norm_bound", norm_bound)
-        rel = _non_negative("norm_bound_relative", norm_bound_relative)
+        self.norm_bound = checks.non_negative("robust.norm_bound", norm_bound)
+        rel = checks.non_negative("robust.norm_bound_relative", norm_bound_relative)
         if 0 < rel < 1:
             raise ConfigError(
                 f"config key 'robust.norm_bound_relative' = {norm_bound_relative!r}: must be "

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import checks
 from ..errors import ConfigError
 from .keyrange import KeyRange
 
@@ -74,8 +75,8 @@ class ServerOptimizer:
     name = "sgd"
 
     def __init__(self, lr: float = 1.0, l1: float = 0.0, l1_keys: L1Keys = None) -> None:
-        self.lr = _positive(lr, "server.lr")
-        self.l1 = _nonneg(l1, "server.l1")
+        self.lr = checks.positive("server.lr", lr)
+        self.l1 = checks.non_negative("server.l1", l1)
         self.l1_keys = l1_keys
         self.t = 0
 
@@ -145,7 +146,7 @@ class FedAvgM(ServerOptimizer):
 
     def __init__(self, lr=1.0, beta1=0.9, l1=0.0, l1_keys=None) -> None:
         super().__init__(lr, l1, l1_keys)
-        self.beta1 = _unit(beta1, "server.beta1")
+        self.beta1 = _unit("server.beta1", beta1)
         self.b: np.ndarray | None = None
 
     def _update(self, params, d):
@@ -176,9 +177,9 @@ class _Adaptive(ServerOptimizer):
 
     def __init__(self, lr=1.0, beta1=0.9, beta2=0.99, tau=1e-3, l1=0.0, l1_keys=None) -> None:
         super().__init__(lr, l1, l1_keys)
-        self.beta1 = _unit(beta1, "server.beta1")
-        self.beta2 = _unit(beta2, "server.beta2")
-        self.tau = _positive(tau, "server.tau")
+        self.beta1 = _unit("server.beta1", beta1)
+        self.beta2 = _unit("server.beta2", beta2)
+        self.tau = checks.positive("server.tau", tau)
         self.m: np.ndarray | None = None
         self.v: np.ndarray | None = None
 
@@ -330,30 +331,9 @@ def make_server_optimizer(server: Mapping[str, Any], l1_keys: L1Keys = None) -> 
     return UserFunction(name, dict(server), lr, l1, l1_keys)
 
 
-def _number(x: Any, key: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float | np.integer | np.floating):
-        raise ConfigError(f"config key {key!r} = {x!r}: must be a number")
-    if not np.isfinite(x):
-        raise ConfigError(f"config key {key!r} = {x!r}: must be finite")
-    return float(x)
-
-
-def _positive(x: Any, key: str) -> float:
-    f = _number(x, key)
-    if f <= 0:
-        raise ConfigError(f"config key {key!r} = {x!r}: must be > 0")
-    return f
-
-
-def _nonneg(x: Any, key: str) -> float:
-    f = _number(x, key)
-    if f < 0:
-        raise ConfigError(f"config key {key!r} = {x!r}: must be >= 0")
-    return f
-
-
-def _unit(x: Any, key: str) -> float:
-    f = _number(x, key)
+def _unit(key: str, x: Any) -> float:
+    """A number in [0, 1) (the moment decay rates)."""
+    f = checks.number(key, x)
     if not 0 <= f < 1:
         raise ConfigError(f"config key {key!r} = {x!r}: must be in [0, 1)")
     return f

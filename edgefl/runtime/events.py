@@ -65,7 +65,9 @@ class _Source:
         self.failures: list[int] = []  # ranks found dead, not yet handed out as events
         self.cancelled: set[tuple[int, int]] = set()  # tasks of dead ranks
         self.received_hook = None  # called with every task answer as it is received
-        self.grads_hook = None  # called with every GRADS (CD-GraB rows) as it is received
+        # kind -> handler of a plugin's own upward messages (called as they are received)
+        self.handlers: dict[int, object] = {}
+        self.update_kinds: set[int] = {Kind.UPDATE, Kind.REPORT}  # task answers (stashed)
 
     def cancel(self, device: int, task: int) -> None:
         """The task of a dead device will never report: skip its event."""
@@ -76,30 +78,33 @@ class _Source:
             return Event(now, FAILED, token=self.failures.pop(0))
         return None
 
-    def _take(self, timeout: float) -> None:
-        """Receive what is there into the stash (UPDATEs); raise on a worker's ERROR."""
+    def take(self, timeout: float) -> None:
+        """Receive what is there: task answers into the stash, a plugin's messages to its
+        handler; raise on a worker's ERROR."""
         msgs = self.t.poll(timeout=timeout)
         self.failures += self.t.take_failures()
         for msg in msgs:
-            if msg.kind == Kind.ERROR:
-                raise WorkerFailed(error_text(msg))
-            if msg.kind == Kind.GRADS:
-                if self.grads_hook is not None:
-                    self.grads_hook(msg)
-                else:
-                    log.warning("ignoring GRADS from rank %d: no example ordering", msg.src)
-                self.t.release(msg)
-            elif msg.kind in (Kind.UPDATE, Kind.REPORT, Kind.RESIDUAL, Kind.SPARSE):
-                if self.received_hook is not None:
-                    self.received_hook(msg)
-                key = (msg.device, msg.round)
-                old = self.stash.get(key)
-                if old is not None:
-                    self.t.release(old)
-                self.stash[key] = msg
-            else:
-                log.warning("ignoring %s from rank %d", msg.kind.name, msg.src)
-                self.t.release(msg)
+            self.keep(msg)
+
+    def keep(self, msg: Message) -> None:
+        """Route one received message (see :meth:`take`)."""
+        if msg.kind == Kind.ERROR:
+            raise WorkerFailed(error_text(msg))
+        handler = self.handlers.get(msg.kind)
+        if handler is not None:
+            handler(msg)
+            self.t.release(msg)
+        elif msg.kind in self.update_kinds:
+            if self.received_hook is not None:
+                self.received_hook(msg)
+            key = (msg.device, msg.round)
+            old = self.stash.get(key)
+            if old is not None:
+                self.t.release(old)
+            self.stash[key] = msg
+        else:
+            log.warning("ignoring %s from rank %d", msg.kind.name, msg.src)
+            self.t.release(msg)
 
     def release_all(self) -> None:
         for msg in self.stash.values():
@@ -138,7 +143,7 @@ class VirtualEvents(_Source):
             if kind == ARRIVE:
                 key = (device, task)
                 while key not in self.stash and not self.failures:
-                    self._take(timeout=1.0)
+                    self.take(timeout=1.0)
                 if key not in self.stash:  # a rank died meanwhile: handle that first
                     heapq.heappush(self.heap, item)
                     continue
@@ -191,7 +196,7 @@ class WallEvents(_Source):
             wait = 1.0
             if self.timers:
                 wait = max(0.0, min(wait, self.timers[0][0] - self.now))
-            self._take(timeout=wait)
+            self.take(timeout=wait)
 
 
 def error_text(msg: Message) -> str:

@@ -91,7 +91,7 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                 _check_chunks(cfg, task.flat.nbytes)
                 t.validator.model_numel = task.flat.numel
                 if is_shard(t.rank, cfg["ps"]["servers"]):
-                    from .shard import Shard
+                    from ..server.shard import Shard
 
                     worker = Shard(cfg, t, task.flat.numel, task.signature)
                 else:

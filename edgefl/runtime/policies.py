@@ -1,10 +1,9 @@
-"""Build the configured policy objects (and so validate their config before a run)."""
+"""Build the configured core policy objects and check a config before any rank starts."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..policies.aggregation import Aggregator, make_aggregator
+from ..policies.aggregation import Aggregator
+from ..policies.aggregators import make_aggregator
 
 
 def make_update_aggregator(cfg: dict, num_devices: int) -> Aggregator:
@@ -22,71 +21,19 @@ def make_update_aggregator(cfg: dict, num_devices: int) -> Aggregator:
 
 
 def check_policies(cfg: dict) -> None:
-    """Construct every configured policy once, so bad parameters fail with a one-line
-    ConfigError naming the key before any MPI rank starts."""
-    from ..errors import ConfigError
-    from ..policies.allocation import make_allocator
+    """Construct every configured core policy once and run every plugin's config check, so
+    bad parameters fail with a one-line ConfigError naming the key before any MPI rank
+    starts."""
+    from ..algorithms import check_config
+    from ..algorithms.ps import check_ps
     from ..policies.consistency import make_consistency
-    from ..policies.gate import make_gate
 
     n = cfg["fleet"]["devices"]
-    if cfg["algorithm"]["gate"] == "hermes" and not cfg["hermes"]["wait_for_model"]:
-        raise ConfigError(
-            "config key 'hermes.wait_for_model' = false: not supported yet (a device waits "
-            "for the new global model after each push)"
-        )
     make_update_aggregator(cfg, n)
-    check_ordering(cfg)
     check_ps(cfg)
     check_shards(cfg)
-    make_gate(cfg["algorithm"]["gate"], cfg["hermes"])
-    make_allocator(cfg["algorithm"]["allocation"], cfg["allocation"], cfg["train"]["local_epochs"])
     make_consistency(cfg, {d: 1 for d in range(n)})
-    if cfg["algorithm"]["residual"] == "gddr":
-        from ..policies.residual import GDDRResidual
-
-        g = cfg["gddr"]
-        GDDRResidual(
-            1, 0, cfg["seed"], alpha=g["alpha"], tau=g["tau"], installments=g["installments"],
-            installment_ratio=g["installment_ratio"],
-        )  # fmt: skip
-
-
-def check_ps(cfg: dict) -> None:
-    """Parameter-server options (``[ps]``): filters need sparse pushes, the KKT filter needs
-    ``server.l1 > 0``, working-set pulls need ``train.weight_decay = 0``."""
-    from ..errors import ConfigError
-
-    ps = cfg["ps"]
-    if ps["filters"] and not ps["sparse"]:
-        raise ConfigError(
-            f"config key 'ps.filters' = {list(ps['filters'])!r}: filters act on sparse pushes; "
-            "set ps.sparse = true"
-        )
-    if "kkt" in ps["filters"] and not cfg["server"]["l1"] > 0:
-        raise ConfigError(
-            f"config key 'ps.filters' = {list(ps['filters'])!r}: the kkt filter tests against "
-            f"server.l1 = {cfg['server']['l1']!r}; set server.l1 > 0 (the L1 prox threshold)"
-        )
-    if ps["sparse"]:
-        if cfg["algorithm"]["residual"] != "none" or cfg["algorithm"]["gate"] != "always":
-            raise ConfigError(
-                "config key 'ps.sparse' = true: combine it with algorithm.residual = 'none' "
-                "and algorithm.gate = 'always'"
-            )
-        make_ps_filter_chain(cfg)
-    if ps["pull"] == "working-set" and cfg["train"]["weight_decay"] > 0:
-        raise ConfigError(
-            f"config key 'ps.pull' = 'working-set': needs train.weight_decay = 0 (got "
-            f"{cfg['train']['weight_decay']!r}); weight decay moves weights outside a device's "
-            "working set, which it does not pull"
-        )
-    if ps["debug_bad_working_set"] != "none" and not working_set_pulls(cfg):
-        raise ConfigError(
-            f"config key 'ps.debug_bad_working_set' = {ps['debug_bad_working_set']!r}: needs "
-            f"ps.pull = 'working-set' and model.name in {WORKING_SET_MODELS} (got "
-            f"{ps['pull']!r}, {cfg['model']['name']!r})"
-        )
+    check_config(cfg)
 
 
 # What a sharded server group (``ps.servers > 0``) supports: config key -> (allowed values,
@@ -137,93 +84,3 @@ def check_shards(cfg: dict, ranks: int | None = None) -> None:
             f"config key 'ps.servers' = {servers}: needs at least {servers + 2} MPI ranks "
             f"(coordinator + {servers} shards + 1 worker), got {ranks}"
         )
-
-
-def make_ps_filter_chain(cfg: dict, quantize=None, exempt=None):
-    """A device's filter chain (``ps.filters``); the KKT filter's threshold is ``server.l1``
-    (delta units: the worker scales its gradients by ``train.lr`` x local steps)."""
-    from ..policies.filters import make_filter_chain
-
-    return make_filter_chain({**cfg["ps"], "l1": cfg["server"]["l1"]}, quantize, exempt)
-
-
-# Models whose working set the worker computes (``ps.pull = "working-set"``): a linear layer
-# over input features. Any other model's working set is every key (it pulls the full model).
-WORKING_SET_MODELS = ("logreg",)
-
-
-def working_set_pulls(cfg: dict) -> bool:
-    """Does rank 0 send workers only the values at their devices' working sets?"""
-    return cfg["ps"]["pull"] == "working-set" and cfg["model"]["name"] in WORKING_SET_MODELS
-
-
-def device_working_set(layout, dataset) -> np.ndarray:
-    """Sorted int64 keys a ``logreg`` device's data can touch: the ``linear.weight`` columns
-    of the features that are nonzero in any of its examples, plus ``linear.bias``
-    (:func:`edgefl.policies.keyrange.linear_working_set`).
-
-    Args:
-        layout: the model's :class:`~edgefl.policies.keyrange.ParamLayout`.
-        dataset: the device's training examples: ``clicks`` examples (a ``csr`` matrix) or
-            any dataset of ``(x, y)`` pairs (x flattened as ``logreg`` does).
-    """
-    import torch
-
-    from ..data.base import dataset_tensors
-    from ..policies.keyrange import csr_columns, linear_working_set
-
-    csr = getattr(dataset, "csr", None)
-    if csr is not None:
-        cols = csr_columns(csr)
-    else:
-        x = dataset_tensors(dataset, "working set")[0]
-        x = x.reshape(x.shape[0], -1)
-        cols = torch.nonzero((x != 0).any(dim=0)).reshape(-1).numpy().astype(np.int64)
-    return linear_working_set(layout, "linear.weight", cols, dense=["linear.bias"]).keys
-
-
-def make_update_filter(cfg: dict, numel: int):
-    """The norm-bound / finiteness filter of ``[robust]`` (None when no bound is set)."""
-    from ..policies.robust import UpdateFilter
-
-    r = cfg["robust"]
-    if not (r["norm_bound"] or r["norm_bound_relative"]):
-        return None
-    return UpdateFilter.from_options(numel=numel, **r)
-
-
-def make_cfg_orderer(cfg: dict):
-    """The example orderer of ``algorithm.ordering`` (None for "none")."""
-    name = cfg["algorithm"]["ordering"]
-    if name == "none":
-        return None
-    from ..policies.ordering import make_orderer
-
-    o = cfg["ordering"]
-    return make_orderer(
-        name, cfg["seed"], o["sketch_dim"], o["unit"], o["microbatch"], o["sketch_kind"]
-    )
-
-
-def check_ordering(cfg: dict) -> None:
-    """Example ordering needs synchronous epochs: one epoch per task, every device, BSP."""
-    from ..errors import ConfigError
-
-    if cfg["algorithm"]["ordering"] == "none":
-        return
-    make_cfg_orderer(cfg)
-    need = {
-        "algorithm.consistency": (cfg["algorithm"]["consistency"], "bsp"),
-        "server.participation": (cfg["server"]["participation"], 1.0),
-        "train.local_epochs": (cfg["train"]["local_epochs"], 1),
-        "train.local_steps": (cfg["train"]["local_steps"], 0),
-        "algorithm.gate": (cfg["algorithm"]["gate"], "always"),
-        "algorithm.allocation": (cfg["algorithm"]["allocation"], "fixed"),
-    }
-    for key, (got, want) in need.items():
-        if got != want:
-            raise ConfigError(
-                f"config key '{key}' = {got!r}: algorithm.ordering = "
-                f"{cfg['algorithm']['ordering']!r} needs {want!r} (one synchronous epoch per "
-                "round on every device)"
-            )

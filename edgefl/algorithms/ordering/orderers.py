@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from edgefl.config import checks
 from edgefl.errors import CheckpointError, ConfigError
 from edgefl.seeding import derive_seed
 
@@ -342,12 +343,6 @@ class RandomSketch:
 # --------------------------------------------------------------------------- orderers
 
 
-def _check_int(key: str, value: Any, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise ConfigError(f"config key {key!r} = {value!r}: must be an integer >= {lo}")
-    return int(value)
-
-
 class Orderer:
     """Decides every worker's unit order for the next epoch.
 
@@ -379,8 +374,8 @@ class Orderer:
         microbatch: int = 1,
         sketch_kind: str = "countsketch",
     ) -> None:
-        self.seed = _check_int("seed", seed, 0)
-        self.sketch_dim = _check_int("ordering.sketch_dim", sketch_dim, 0)
+        self.seed = checks.integer("seed", seed, minimum=0)
+        self.sketch_dim = checks.integer("ordering.sketch_dim", sketch_dim, minimum=0)
         if sketch_kind not in SKETCH_KINDS:
             raise ConfigError(
                 f"config key 'ordering.sketch_kind' = {sketch_kind!r}: expected one of "
@@ -392,7 +387,7 @@ class Orderer:
                 f"config key 'ordering.unit' = {unit!r}: expected one of {', '.join(UNITS)}"
             )
         self.unit = unit
-        self.microbatch = _check_int("ordering.microbatch", microbatch, 1)
+        self.microbatch = checks.integer("ordering.microbatch", microbatch, minimum=1)
         self.sketch = (
             RandomSketch(self.sketch_dim, self.seed, sketch_kind) if self.sketch_dim else None
         )
@@ -442,8 +437,8 @@ class Orderer:
         Forgets per-worker state (stale means); use :meth:`resize` to change some sizes
         mid-run instead.
         """
-        sizes = [_check_int("ordering sizes", s, 0) for s in sizes]
-        self.epoch = _check_int("ordering epoch", epoch, 0)
+        sizes = [checks.integer("ordering sizes", s, minimum=0) for s in sizes]
+        self.epoch = checks.integer("ordering epoch", epoch, minimum=0)
         self._orders = [self.shuffled(w, n, self.epoch) for w, n in enumerate(sizes)]
         self.last_signs = [np.zeros(0, np.int8) for _ in sizes]
         self._reset_workers(len(sizes))
@@ -452,7 +447,7 @@ class Orderer:
     def resize(self, sizes: Sequence[int]) -> list[np.ndarray]:
         """New unit counts (e.g. after dynamic data allocation): a worker whose size changed
         (or a new worker) gets a D-RR order for the current epoch; the others keep theirs."""
-        sizes = [_check_int("ordering sizes", s, 0) for s in sizes]
+        sizes = [checks.integer("ordering sizes", s, minimum=0) for s in sizes]
         old = self._orders
         self._orders = [
             old[w] if w < len(old) and old[w].size == n else self.shuffled(w, n, self.epoch)

@@ -47,7 +47,7 @@ again, which sends the list in full. Values are never applied to keys the receiv
 nearest-even (so a large entry never turns into inf); ``bfloat16`` keeps the top 16 bits of
 the float32 after rounding to nearest-even (saturating at its largest finite value); NaN and
 inf pass through. :func:`round_values` returns exactly what a receiver will decode, so a
-filter can keep the rounding error in its residual (see :mod:`edgefl.policies.filters`).
+filter can keep the rounding error in its residual (see :mod:`edgefl.algorithms.ps.filters`).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from .keyrange import KEY_DTYPE, check_keys
+from ...errors import ConfigError
+from ...policies.keyrange import KEY_DTYPE, check_keys
 
 VALUE_DTYPES = ("float32", "float16", "bfloat16")
 VALUE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}

@@ -26,7 +26,7 @@ OSDI 2014, section 4.3 "User-defined filters"):
   soft threshold would have zeroed them); with ``carry = True`` they are added to the
   coordinate's next update, like the significantly-modified filter.
 * :class:`ErrorFeedback`: sends everything, quantized by ``quantize`` (e.g. float16 values,
-  :func:`edgefl.policies.compress.round_values`); the rounding error is added to the entry
+  :func:`edgefl.algorithms.ps.compress.round_values`); the rounding error is added to the entry
   the next time that key is sent.
 
 Weights and gradients for the KKT test come in a :class:`FilterContext` (keys with the
@@ -42,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from .keyrange import KEY_DTYPE, check_keys
+from ...config import checks
+from ...errors import ConfigError
+from ...policies.keyrange import KEY_DTYPE, check_keys
 
 Quantize = Callable[[np.ndarray], np.ndarray]
 """Maps float32 values to the float32 values the receiver will decode (same shape)."""
@@ -257,7 +258,7 @@ class SignificantlyModified(UpdateFilter):
 
     def __init__(self, threshold: float) -> None:
         super().__init__()
-        self.threshold = _nonneg(threshold, "ps.sig_threshold")
+        self.threshold = checks.non_negative("ps.sig_threshold", threshold)
 
     def apply(self, keys, values, ctx=None, quantize=None):
         k, v = self._input(keys, values)
@@ -289,8 +290,8 @@ class KKTFilter(UpdateFilter):
         exempt: Sequence[int] | np.ndarray | None = None,
     ) -> None:
         super().__init__()
-        self.l1 = _nonneg(l1, "ps.l1")
-        self.margin = _nonneg(margin, "ps.kkt_margin")
+        self.l1 = checks.non_negative("ps.l1", l1)
+        self.margin = checks.non_negative("ps.kkt_margin", margin)
         self.carry = bool(carry)
         ex = np.unique(np.asarray(exempt if exempt is not None else [], KEY_DTYPE))
         self.exempt = ex
@@ -420,14 +421,6 @@ def mass_checksum(keys: Any, values: np.ndarray) -> float:
     k = np.asarray(keys, np.float64)
     r = 1.0 + np.modf(k * _GOLDEN)[0]
     return float(np.dot(r, np.asarray(values, np.float64)))
-
-
-def _nonneg(x: Any, key: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float | np.integer | np.floating):
-        raise ConfigError(f"config key {key!r} = {x!r}: must be a number >= 0")
-    if not np.isfinite(x) or x < 0:
-        raise ConfigError(f"config key {key!r} = {x!r}: must be a finite number >= 0")
-    return float(x)
 
 
 FILTER_NAMES = ("significant", "kkt")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .allocation import cv
+from ...policies.allocation import cv
 
 
 def worker_independence(iterations: int, requests: int) -> float:

@@ -52,7 +52,7 @@ from ..comm.wire import HEADER_BYTES
 from ..errors import EdgeflError
 from ..policies.aggregation import Update
 from ..policies.keyrange import even_ranges
-from .policies import make_update_aggregator
+from ..runtime.policies import make_update_aggregator
 
 log = logging.getLogger("edgefl.shard")
 

@@ -1,0 +1,117 @@
+"""Algorithms as plugins: one package per algorithm, loaded by the runtime core.
+
+Each built-in algorithm lives in its own package here, with its pure modules (no MPI), its
+coordinator half, its worker half and its config check side by side:
+
+- :mod:`edgefl.algorithms.hermes`: HermesGUP gate, dynamic allocation, loss-weighted
+  aggregation, the WI / API metrics;
+- :mod:`edgefl.algorithms.gddr`: residual buffers, adaptive tau, replay of dead devices;
+- :mod:`edgefl.algorithms.ordering`: CD-GraB, D-RR, ID-GraB example orders;
+- :mod:`edgefl.algorithms.ps`: parameter-server pushes and pulls (filters, compression,
+  key caching, working-set pulls);
+- :mod:`edgefl.algorithms.robust`: the norm-bound update filter.
+
+A user's plugin is a :class:`~edgefl.algorithms.base.Plugin` subclass named in
+``algorithm.plugins = ["module:Class"]`` (docs/write-your-own-algorithm.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import ConfigError
+from .base import CoordinatorPlugin, Plugin, WorkerPlugin
+
+# built-in plugins in the order their hooks run: "module:Class" under edgefl.algorithms
+BUILTIN = (
+    "robust:NormBound",
+    "hermes:Hermes",
+    "gddr:GDDR",
+    "ps:ParameterServer",
+    "ordering:Ordering",
+)
+
+
+def _import(spec: str, where: str) -> type[Plugin]:
+    mod, sep, name = spec.partition(":")
+    if not sep or not mod or not name:
+        raise ConfigError(f"config key '{where}': {spec!r} is not 'module:Class'")
+    try:
+        obj = getattr(importlib.import_module(mod), name)
+    except ImportError as e:
+        raise ConfigError(f"config key '{where}': cannot import {mod!r}: {e}") from None
+    except AttributeError:
+        raise ConfigError(f"config key '{where}': module {mod!r} has no {name!r}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Plugin)):
+        raise ConfigError(
+            f"config key '{where}': {spec!r} is not a subclass of edgefl.algorithms.Plugin"
+        )
+    return obj
+
+
+def builtin_classes() -> list[type[Plugin]]:
+    """Every built-in plugin class, in hook order."""
+    return [_import(f"{__name__}.{s}", "algorithm (built-in)") for s in BUILTIN]
+
+
+def load(cfg: dict) -> list[type[Plugin]]:
+    """The plugin classes a job runs: the enabled built-ins, then ``algorithm.plugins``."""
+    out = [c for c in builtin_classes() if c.enabled(cfg)]
+    for i, spec in enumerate(cfg["algorithm"].get("plugins", [])):
+        out.append(_import(spec, f"algorithm.plugins[{i}]"))
+    names = [c.name for c in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"config key 'algorithm.plugins': plugin name(s) {dup} used twice")
+    return out
+
+
+def check_config(cfg: dict) -> None:
+    """Every plugin's own config check (ConfigError naming the key)."""
+    for c in load(cfg):
+        try:
+            c.check_config(cfg)
+        except ConfigError:
+            raise
+        except Exception as e:  # a user's plugin: one line, not a traceback
+            raise ConfigError(f"plugin '{c.name}': check_config failed: {e}") from None
+
+
+def coordinator_plugins(core: Any) -> list[CoordinatorPlugin]:
+    """The coordinator halves for ``core`` (also sets ``core.worker_state``: does some
+    worker half keep per-device state for checkpoints)."""
+    classes = load(core.cfg)
+    core.worker_state = any(
+        c.worker is not None and c.worker.device_state is not WorkerPlugin.device_state
+        for c in classes
+    )
+    return [c.coordinator(core, c.name) for c in classes if c.coordinator is not None]
+
+
+def worker_plugins(core: Any) -> list[WorkerPlugin]:
+    """The worker halves for worker rank ``core``."""
+    return [c.worker(core, c.name) for c in load(core.cfg) if c.worker is not None]
+
+
+def summary_defaults() -> dict[str, Any]:
+    """summary.json keys of the built-in plugins when they are off (so every summary has
+    the same keys)."""
+    out: dict[str, Any] = {}
+    for c in builtin_classes():
+        out.update(getattr(c, "summary_keys", {}))
+    return out
+
+
+__all__ = [
+    "BUILTIN",
+    "CoordinatorPlugin",
+    "Plugin",
+    "WorkerPlugin",
+    "builtin_classes",
+    "check_config",
+    "coordinator_plugins",
+    "load",
+    "summary_defaults",
+    "worker_plugins",
+]

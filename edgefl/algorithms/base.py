@@ -1,0 +1,234 @@
+"""The plugin protocol: what an algorithm hooks into the runtime core.
+
+An algorithm is a :class:`Plugin`: a name, a config check, and up to two halves that the
+runtime instantiates on the ranks where they run:
+
+- :class:`CoordinatorPlugin` on rank 0 (one instance per job),
+- :class:`WorkerPlugin` on every worker rank (one instance per rank; per-device state is
+  keyed by device id).
+
+The core calls the hooks at fixed points of its loops, in the order the plugins are listed
+(built-in plugins first, in :data:`edgefl.algorithms.BUILTIN` order, then the user's
+``algorithm.plugins``). Every hook has a do-nothing default, so a plugin overrides only
+what it needs. A hook that returns ``None`` leaves the decision to the next plugin or to the
+core. Plugins never import the transport's internals: they send and receive through the
+core objects they are given (``self.core``).
+
+Coordinator hooks, in the order the core calls them during a run:
+
+=========================  ============================================================
+``check_config(cfg)``      classmethod; raise :class:`~edgefl.errors.ConfigError` naming
+                           the key for a bad or unsupported value (before any rank starts)
+``on_registered()``        every worker rank registered (may exchange messages)
+``on_start()``             before the first task is dispatched (fresh run and resume)
+``shape_task(d, spec)``    edit the :class:`TaskSpec` of a task before its TRAIN is sent
+``send_model(rank)``       send the current model to ``rank`` yourself; True if done
+``down_bytes(d)``          bytes a model download of ``d`` moves, or None (core default)
+``on_message(msg)``        a message of a kind listed in ``message_kinds`` arrived
+``decode(d, task, msg)``   an update of a kind listed in ``update_kinds``: (dense delta
+                           or None, rejection reason, the message finally used)
+``on_iteration(d, s)``     a local iteration of ``d`` took ``s`` seconds (pushed or not)
+``transform(apply)``       filter/replace the arrivals of a model change (returns Apply)
+``aggregate(apply)``       the step to apply (float32 vector) instead of the aggregator's
+``on_model_step(apply)``   after the step, before the version counts (same version)
+``after_apply(apply, t)``  the version counted (``core.version`` is the new one)
+``on_device_dead(d, t)``   device ``d`` is dead (crash or its rank failed)
+``flush_devices()``        end of training: devices whose worker half holds mass to flush
+``on_flushed(d, arrival)`` one device's final flush arrived
+``summary()``              a dict for summary.json under the plugin's name (or None)
+``state_dict()``           what a resume needs; saved in every checkpoint under the name
+``load_state_dict(st)``    restore it (called after :meth:`on_registered` on resume)
+=========================  ============================================================
+
+Worker hooks:
+
+=============================  ========================================================
+``on_register(info)``          add fields to the rank's REGISTER (JSON dict)
+``on_message(msg)``            a message of a kind listed in ``message_kinds`` arrived
+``split(d, dataset)``          (training split, held-out split) of ``d``, or None (all trains)
+``new_model(d)``               a gated device got a new global model to continue from
+``gate(d, job, held, k)``      after iteration ``k`` of a gated device: (push?, loss, score)
+``train(d, job)``              run the local training of ``job`` yourself; loss or None
+``before_train(d, job)``       called before training (may attach data to ``job.ctx``)
+``send_update(d, job, delta)`` send the update yourself (another kind); True if sent
+``flush(d, task)``             end of training: send what device ``d`` holds; True if sent
+``device_state(d)``            per-device state for the coordinator's checkpoint
+``load_device_state(d, st)``   restore it on resume (before the device's first task)
+=============================  ========================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+if TYPE_CHECKING:  # (annotations only)
+    from ..comm import Message
+    from ..policies.consistency import Apply, Arrival
+
+
+@dataclass
+class TaskSpec:
+    """What a TRAIN tells a worker about one task (aux of the message).
+
+    Args:
+        samples: training samples to use (0 = the device's whole training split).
+        batch: mini-batch size (0 = ``train.batch_size``).
+        flags: the runtime's task flags (:mod:`edgefl.runtime.protocol`).
+        arg: a small non-negative integer a plugin passes to its worker half (0 = none;
+            below 2**23). Only one plugin of a job may use it (GDDR's tau does).
+    """
+
+    samples: int = 0
+    batch: int = 0
+    flags: int = 0
+    arg: int = 0
+
+
+@dataclass
+class LocalJob:
+    """One task as a worker trains it (handed to the worker hooks).
+
+    Args:
+        device: device id.
+        task: the device's task number (seeds its random streams).
+        version: model version the task starts from.
+        spec: the TRAIN's :class:`TaskSpec`.
+        model: the torch module to train (parameters already set to the start model).
+        dataset: the device's training examples for this task.
+        torch_device: e.g. ``"cpu"`` or ``"cuda:0"``.
+        start: the start model (flat float32, read-only).
+        ctx: plugin data for later hooks of the same task.
+    """
+
+    device: int
+    task: int
+    version: int
+    spec: TaskSpec
+    model: Any = None
+    dataset: Any = None
+    torch_device: str = "cpu"
+    start: np.ndarray | None = None
+    aux: tuple = ()
+    ctx: dict = field(default_factory=dict)
+
+
+class CoordinatorPlugin:
+    """Rank-0 half of an algorithm. ``core`` is the :class:`~edgefl.runtime.coordinator.
+    Coordinator`; the hooks are documented in the module docstring."""
+
+    update_kinds: ClassVar[tuple[int, ...]] = ()  # update kinds this half decodes
+    message_kinds: ClassVar[tuple[int, ...]] = ()  # other upward kinds it handles
+    #: an all-zero end-of-training flush still makes a model version (see flush_devices)
+    flush_always_applies: ClassVar[bool] = False
+
+    def __init__(self, core: Any, name: str) -> None:
+        self.core = core
+        self.name = name
+
+    def on_registered(self) -> None: ...
+
+    def on_start(self) -> None: ...
+
+    def shape_task(self, d: int, spec: TaskSpec) -> None: ...
+
+    def send_model(self, rank: int) -> bool:
+        return False
+
+    def down_bytes(self, d: int) -> int | None:
+        return None
+
+    def on_message(self, msg: Message) -> None: ...
+
+    def decode(self, d: int, task: int, msg: Message) -> tuple[np.ndarray | None, str, Message]:
+        return msg.payload, "", msg
+
+    def on_iteration(self, d: int, seconds: float) -> None: ...
+
+    def transform(self, ap: Apply) -> Apply:
+        return ap
+
+    def aggregate(self, ap: Apply) -> np.ndarray | None:
+        return None
+
+    def on_model_step(self, ap: Apply) -> None: ...
+
+    def after_apply(self, ap: Apply, now: float) -> None: ...
+
+    def on_device_dead(self, d: int, now: float) -> None: ...
+
+    def flush_devices(self) -> list[int]:
+        return []
+
+    def on_flushed(self, d: int, arrival: Arrival) -> None: ...
+
+    def summary(self) -> dict | None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class WorkerPlugin:
+    """Worker-rank half of an algorithm. ``core`` is the :class:`~edgefl.runtime.worker.
+    Worker`; the hooks are documented in the module docstring."""
+
+    message_kinds: ClassVar[tuple[int, ...]] = ()  # downward kinds this half handles
+
+    def __init__(self, core: Any, name: str) -> None:
+        self.core = core
+        self.name = name
+
+    def on_register(self, info: dict) -> None: ...
+
+    def on_message(self, msg: Message) -> None: ...
+
+    def split(self, d: int, dataset: Any) -> tuple | None:
+        return None
+
+    def new_model(self, d: int) -> None: ...
+
+    def gate(self, d: int, job: LocalJob, holdout: Any, iterations: int) -> tuple | None:
+        return None
+
+    def before_train(self, d: int, job: LocalJob) -> None: ...
+
+    def train(self, d: int, job: LocalJob) -> float | None:
+        return None
+
+    def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
+        return False
+
+    def flush(self, d: int, task: int) -> bool:
+        return False
+
+    def device_state(self, d: int) -> dict:
+        return {}
+
+    def load_device_state(self, d: int, state: dict) -> None: ...
+
+
+class Plugin:
+    """An algorithm: its name, when it is on, its config check and its two halves.
+
+    Subclass it (``name``, ``coordinator``, ``worker``; override :meth:`enabled` and
+    :meth:`check_config`) and name it in ``algorithm.plugins = ["module:Class"]`` to load
+    your own; the built-in ones are listed in :data:`edgefl.algorithms.BUILTIN`.
+    """
+
+    name: ClassVar[str] = "plugin"
+    coordinator: ClassVar[type[CoordinatorPlugin] | None] = None
+    worker: ClassVar[type[WorkerPlugin] | None] = None
+
+    @classmethod
+    def enabled(cls, cfg: dict) -> bool:
+        """Is the plugin on for this config? (a user's listed plugin: always)"""
+        return True
+
+    @classmethod
+    def check_config(cls, cfg: dict) -> None:
+        """Raise ConfigError (naming the key) for a bad or unsupported setting."""

@@ -1,0 +1,130 @@
+"""Rank 0's half of GDDR: decode releases, adapt tau, replay dead devices, flush."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ...comm import Kind, Message
+from ...policies.consistency import Apply
+from ..base import CoordinatorPlugin, TaskSpec
+
+log = logging.getLogger("edgefl.coordinator")
+
+
+class GDDRCoordinator(CoordinatorPlugin):
+    """Every TRAIN carries the current tau (the task argument); a RESIDUAL's released
+    values are decoded into a dense update; when a device dies its last residual checkpoint
+    is folded back in over the next model changes (weighted like its updates)."""
+
+    update_kinds = (Kind.RESIDUAL,)
+    flush_always_applies = True
+
+    def __init__(self, core, name: str) -> None:
+        from ...policies.replay import ResidualReplay
+        from ...policies.tau import make_tau_controller
+
+        super().__init__(core, name)
+        g = core.cfg["gddr"]
+        self.decoders: dict = {}
+        self.tauc = make_tau_controller(g["adaptive"], g["tau"], g["tau_min"], g["tau_max"])
+        self.replay = ResidualReplay(decay=g["replay_decay"], steps=g["replay_steps"])
+        self.norms: list[float] = []
+        self.stats = {"messages": 0, "values": 0, "replays": [], "replay_errors": []}
+
+    def shape_task(self, d: int, spec: TaskSpec) -> None:
+        spec.arg = self.tauc.tau
+
+    def _decoder(self, d: int):
+        from ...policies.residual import ReleaseDecoder
+
+        dec = self.decoders.get(d)
+        if dec is None:
+            c = self.core.cfg
+            dec = self.decoders[d] = ReleaseDecoder(
+                self.core.global_model.size, d, c["seed"], alpha=c["gddr"]["alpha"]
+            )
+        return dec
+
+    def decode(self, d: int, task: int, msg: Message):
+        """The dense update of a RESIDUAL message (released values + the update's norm)."""
+        dec = self._decoder(d)
+        values, norm = msg.payload[:-1], float(msg.payload[-1])
+        try:
+            dense = dec.decode(dec.last_step + 1, int(msg.aux[3]), values)
+        except ValueError as e:
+            return None, f"GDDR message of device {d}: {e}", msg
+        self.stats["messages"] += 1
+        self.stats["values"] += int(values.size)
+        self.norms.append(norm)
+        return dense, "", msg
+
+    def on_model_step(self, ap: Apply) -> None:
+        """Replayed residual mass rides on every model change; then tau adapts."""
+        core = self.core
+        lr = np.float32(core.cfg["server"]["lr"])
+        for amt in self.replay.next_amounts():
+            w = core.policy.weight(amt.device)
+            core.global_model[amt.indices] += (lr * w * amt.values).astype(np.float32)
+        if self.norms:
+            self.tauc.update(self.norms)
+            self.norms = []
+
+    def on_device_dead(self, d: int, now: float) -> None:
+        """Fold ``d``'s last residual checkpoint back in over the next steps. A missing or
+        corrupt checkpoint is logged and the run goes on without it."""
+        from ...ckpt.residual import load_residual, residual_checkpoint_name
+        from ...errors import CheckpointError
+
+        core = self.core
+        if core.out_dir is None or d not in self.decoders:
+            return
+        path = core.out_dir / "checkpoints" / "gddr" / residual_checkpoint_name(d)
+        try:
+            state = load_residual(path)
+            start = self.replay.start(state, self.decoders[d].steps_after(state["last_step"]))
+        except (CheckpointError, ValueError) as e:
+            log.error("GDDR replay of dead device %d skipped: %s", d, e)
+            self.stats["replay_errors"].append({"device": d, "time_s": now, "error": str(e)})
+            return
+        if start is not None:
+            self.stats["replays"].append(
+                {"device": d, "time_s": now, "checkpoint_step": start.checkpoint_step,
+                 "coordinates": start.coordinates, "total": start.total}
+            )  # fmt: skip
+            core.log_event("replay", now, d, -1)
+
+    def flush_devices(self) -> list[int]:
+        return sorted(self.decoders)
+
+    def summary(self) -> dict:
+        st, size = self.stats, self.core.global_model.size
+        return {"gddr": {
+            "messages": st["messages"],
+            "payload_density": st["values"] / (st["messages"] * size) if st["messages"] else None,
+            "tau": self.tauc.tau,
+            "replays": st["replays"],
+            "replay_errors": st["replay_errors"],
+        }}  # fmt: skip
+
+    def state_dict(self) -> dict:
+        import json
+
+        return {
+            "decoders": {str(d): dec.state_dict() for d, dec in sorted(self.decoders.items())},
+            "tau": self.tauc.state_dict(),
+            "replay": self.replay.state_dict(),
+            "norms": np.array(self.norms, np.float64),
+            "stats": json.dumps(self.stats),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        import json
+
+        for d, st in state.get("decoders", {}).items():
+            self._decoder(int(d)).load_state_dict(st)
+        self.tauc.load_state_dict(state["tau"])
+        self.replay.load_state_dict(state["replay"])
+        self.norms = [float(x) for x in state.get("norms", [])]
+        self.stats = json.loads(state["stats"])

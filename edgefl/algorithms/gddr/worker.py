@@ -1,0 +1,69 @@
+"""A worker's half of GDDR: each device's residual, its releases, its checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...comm import Kind
+from ..base import LocalJob, WorkerPlugin
+
+
+class GDDRWorker(WorkerPlugin):
+    """Sends only the released coordinates of each update (+ its norm) as RESIDUAL; the
+    residual checkpoint of a due step is written before the message leaves, so a
+    coordinator that saw the message can always find it (``gddr.checkpoint_every``)."""
+
+    def __init__(self, core, name: str) -> None:
+        super().__init__(core, name)
+        self.residuals: dict = {}
+        out = core.out_dir
+        self.ckpt_dir = Path(out) / "checkpoints" / "gddr" if out else None
+
+    def _residual(self, device: int):
+        if device not in self.residuals:
+            from ...policies.residual import GDDRResidual
+
+            c = self.core.cfg
+            g = c["gddr"]
+            self.residuals[device] = GDDRResidual(
+                self.core.global_model.size, device, c["seed"], alpha=g["alpha"], tau=g["tau"],
+                installments=g["installments"], installment_ratio=g["installment_ratio"],
+            )  # fmt: skip
+        return self.residuals[device]
+
+    def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
+        res = self._residual(d)
+        if job.spec.arg:
+            res.set_tau(job.spec.arg)
+        step = res.last_step + 1
+        rel = res.step(delta, step)
+        payload = np.empty(rel.values.size + 1, np.float32)
+        payload[:-1] = rel.values
+        payload[-1] = rel.norm
+        every = self.core.cfg["gddr"]["checkpoint_every"]
+        if self.ckpt_dir is not None and every and (step + 1) % every == 0:
+            from ...ckpt.residual import residual_checkpoint_name, save_residual
+
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            save_residual(self.ckpt_dir / residual_checkpoint_name(d), res.state_dict())
+        self.core.t.send(0, Kind.RESIDUAL, device=d, round=job.task,
+                         aux=(*job.aux[:3], float(rel.tau)), payload=payload)  # fmt: skip
+        return True
+
+    def flush(self, d: int, task: int) -> bool:
+        """End of training: everything the device's residual still holds, dense."""
+        if d not in self.residuals:
+            return False
+        held = np.zeros(self.core.global_model.size, np.float32)
+        held[:] = self.residuals[d].flush()
+        aux = (float(self.core.data.num_samples(d)), 0.0, 0.0, 0.0)
+        self.core.t.send(0, Kind.UPDATE, device=d, round=task, aux=aux, payload=held)
+        return True
+
+    def device_state(self, d: int) -> dict:
+        return self.residuals[d].state_dict() if d in self.residuals else {}
+
+    def load_device_state(self, d: int, state: dict) -> None:
+        self._residual(d).load_state_dict(state)

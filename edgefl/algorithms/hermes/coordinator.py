@@ -1,0 +1,150 @@
+"""Rank 0's half of Hermes: allocation, loss-weighted aggregation, broadcast, metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...models.train import evaluate
+from ...policies.consistency import Apply
+from ..base import CoordinatorPlugin, TaskSpec
+from .metrics import HermesMetrics
+
+
+class HermesCoordinator(CoordinatorPlugin):
+    """Sizes each device's work (samples D, batch b) from its measured iteration times,
+    folds pushes into the loss-weighted average, tells busy gated devices to adopt a new
+    global model (``hermes.broadcast = "all"``) and keeps the WI / API metrics."""
+
+    def __init__(self, core, name: str) -> None:
+        from ...policies.allocation import make_allocator
+        from . import LOSS_AGGREGATIONS
+
+        super().__init__(core, name)
+        cfg = core.cfg
+        alg = cfg["algorithm"]
+        self.metrics = HermesMetrics()
+        gated = alg["gate"] != "always"
+        hold = cfg["hermes"]["holdout_fraction"]
+        for d, v in core.devices.items():
+            n = v["samples"]
+            # a gated device holds out a seeded part of its samples for its gate
+            h = min(n - 1, max(1, int(round(hold * n)))) if gated and n >= 2 else 0
+            core.n_train[d] = n - h
+            self.metrics.add_device(d)
+        self.allocating = alg["allocation"] != "fixed"
+        self.allocator = make_allocator(
+            alg["allocation"], cfg["allocation"], epochs=cfg["train"]["local_epochs"]
+        )
+        for d in sorted(core.devices):
+            cap = core.profiles[d].mem_cap if core.profiles is not None else 0
+            first = None
+            if self.allocating:
+                first = max(1, int(cfg["allocation"]["initial_fraction"] * core.n_train[d]))
+            self.allocator.add_device(d, core.n_train[d], memory_cap=cap or None, samples=first,
+                                      batch=cfg["train"]["batch_size"] or 32)  # fmt: skip
+        self.loss_agg = alg["aggregation"] in LOSS_AGGREGATIONS
+        self.broadcast = gated and cfg["hermes"]["broadcast"] == "all"
+        self._global_loss: tuple[int, float] | None = None
+
+    def shape_task(self, d: int, spec: TaskSpec) -> None:
+        if self.allocating:
+            a = self.allocator.allocation(d)
+            spec.samples, spec.batch = a.samples, a.batch
+
+    def on_iteration(self, d: int, seconds: float) -> None:
+        self.metrics.record_iteration(d, seconds)
+        if self.allocating and seconds > 0:
+            self.allocator.update({d: seconds})
+
+    def aggregate(self, ap: Apply) -> np.ndarray | None:
+        """Loss-weighted aggregation: each update is folded into the running average by
+        its candidate test loss (the global model with the update applied)."""
+        if not self.loss_agg:
+            return None
+        agg = self.core.aggregator
+        gl = self._global_test_loss()
+        arr = sorted(ap.arrivals, key=lambda x: x.device) if ap.mode == "aggregate" else ap.arrivals
+        step = None
+        for a in arr:
+            cand = self._candidate_loss(a.delta)
+            if agg.name == "loss-weighted":
+                step = agg.push(a.delta, cand, gl)
+            else:
+                step = agg.push(a.device, a.delta, cand)
+        return step
+
+    def after_apply(self, ap: Apply, now: float) -> None:
+        if self.broadcast:
+            pushers = {a.device for a in ap.arrivals}
+            for d in self.core.inflight:
+                if d not in pushers:
+                    self.core.refresh[d] = True
+
+    def _test_loss(self) -> float:
+        core = self.core
+        with torch.no_grad():
+            return evaluate(core.task.model, core.test_set, core.task.data.info.task)[0]
+
+    def _global_test_loss(self) -> float:
+        """Test loss of the current global model (cached per version)."""
+        v = self.core.version
+        if self._global_loss is None or self._global_loss[0] != v:
+            self._global_loss = (v, self._test_loss())
+        return self._global_loss[1]
+
+    def _candidate_loss(self, delta: np.ndarray) -> float:
+        """Test loss of the global model with ``delta`` applied (the model is restored)."""
+        g = self.core.global_model
+        keep = g.copy()
+        g += delta
+        try:
+            return self._test_loss()
+        finally:
+            g[:] = keep
+
+    def summary(self) -> dict:
+        """WI, API calls, iterations, iteration-time CV (any gate)."""
+        core = self.core
+        devs = core.devices
+        wi = {str(d): v["iterations"] / v["requests"] if v.get("requests") else 0.0
+              for d, v in sorted(devs.items())}  # fmt: skip
+        pulls = sum(v.get("requests", 0) for v in devs.values())
+        pushes = sum(v["msgs_up"] for v in devs.values())
+        cvs = self.metrics.cv_by_iteration()
+        return {"hermes": {
+            "wi": wi,
+            "wi_mean": float(np.mean(list(wi.values()))) if wi else 0.0,
+            "iterations": sum(v["iterations"] for v in devs.values()),
+            "pulls": pulls,
+            "pushes": pushes,
+            "api_calls": pulls + pushes,
+            "control_messages": core.control_msgs,
+            "bytes": sum(v["bytes_up"] + v["bytes_down"] for v in devs.values()),
+            "iteration_time_cv_first": cvs[0] if cvs else None,
+            "iteration_time_cv_last": cvs[-1] if cvs else None,
+            # CV across devices of each device's mean over its last 5 iterations (the
+            # per-task jitter of the profiles averages out; what allocation can control)
+            "iteration_time_cv_settled": settled_cv(self.metrics.times),
+            "iteration_time_cv": cvs,
+            "allocations": {
+                str(d): [a.samples, a.batch] for d, a in self.allocator.allocations().items()
+            },
+        }}  # fmt: skip
+
+    def state_dict(self) -> dict:
+        return {"metrics": self.metrics.state_dict(), "allocator": self.allocator.state_dict(),
+                "control_messages": int(self.core.control_msgs)}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.metrics.load_state_dict(state["metrics"])
+        self.allocator.load_state_dict(state["allocator"])
+        self.core.control_msgs = int(state.get("control_messages", 0))
+
+
+def settled_cv(times: dict[int, list[float]], last: int = 5) -> float | None:
+    """CV across devices of each device's mean iteration time over its last ``last``."""
+    means = [float(np.mean(t[-last:])) for t in times.values() if t]
+    if len(means) < 2 or np.mean(means) <= 0:
+        return None
+    return float(np.std(means) / np.mean(means))

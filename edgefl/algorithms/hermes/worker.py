@@ -1,0 +1,76 @@
+"""A worker's half of Hermes: each gated device's held-out split and its GUP gate."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...models.train import evaluate
+from ...seeding import HOLDOUT, derive_seed
+from ..base import LocalJob, WorkerPlugin
+
+
+class HermesWorker(WorkerPlugin):
+    """With a gate: a seeded ``hermes.holdout_fraction`` of each device's samples is held
+    out; after every local iteration the gate sees the held-out loss and says whether the
+    device pushes (at most ``hermes.max_local_iterations`` iterations without a push)."""
+
+    def __init__(self, core, name: str) -> None:
+        super().__init__(core, name)
+        self.gated = core.cfg["algorithm"]["gate"] != "always"
+        self.gates: dict = {}
+        self.splits: dict = {}
+
+    def _gate(self, device: int):
+        if device not in self.gates:
+            from ...policies.gate import make_gate
+
+            c = self.core.cfg
+            self.gates[device] = make_gate(c["algorithm"]["gate"], c["hermes"])
+        return self.gates[device]
+
+    def split(self, d: int, ds):
+        """(training split, held-out split) of device ``d``."""
+        if not self.gated:
+            return None
+        if d not in self.splits:
+            if len(ds) < 2:
+                self.splits[d] = (ds, ds)
+            else:
+                n = len(ds)
+                frac = self.core.cfg["hermes"]["holdout_fraction"]
+                h = min(n - 1, max(1, int(round(frac * n))))
+                seed = derive_seed(self.core.cfg["seed"], d, HOLDOUT)
+                perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+                sub = torch.utils.data.Subset
+                self.splits[d] = (sub(ds, sorted(perm[h:])), sub(ds, sorted(perm[:h])))
+        return self.splits[d]
+
+    def new_model(self, d: int) -> None:
+        if self.gated:
+            self._gate(d).on_model_received()
+
+    def gate(self, d: int, job: LocalJob, holdout, iterations: int):
+        """(push?, the held-out loss, the gate's score) after one local iteration."""
+        if not self.gated:
+            return None
+        with torch.no_grad():
+            loss = evaluate(job.model, holdout, self.core.data.info.task,
+                            device=job.torch_device)[0]  # fmt: skip
+        g = self._gate(d)
+        push = g.observe(loss)
+        cap = self.core.cfg["hermes"]["max_local_iterations"]
+        push = push or (cap > 0 and iterations >= cap)
+        z = 0.0
+        if not push and g.last is not None:
+            z = float(getattr(g.last, "score", 0.0) or 0.0)
+            z = z if math.isfinite(z) else 0.0
+        return push, loss, z
+
+    def device_state(self, d: int) -> dict:
+        return {"gate": self.gates[d].state_dict()} if d in self.gates else {}
+
+    def load_device_state(self, d: int, state: dict) -> None:
+        if "gate" in state:
+            self._gate(d).load_state_dict(state["gate"])

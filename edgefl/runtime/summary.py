@@ -1,0 +1,116 @@
+"""Rank 0's records: one metrics row per model version, and the run's summary.json."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..algorithms import summary_defaults
+from ..models.train import evaluate
+from .output import summary_table
+
+
+def new_period() -> dict:
+    """Counters of traffic and iterations since the last metrics row."""
+    return {"bytes_up": 0, "bytes_down": 0, "msgs_up": 0, "msgs_down": 0, "iterations": 0}
+
+
+def round_row(core: Any, arr: list, now: float) -> dict:
+    """The metrics row of the version ``core`` just made from arrivals ``arr``; evaluates
+    the global model on the test set when due (``run.eval_every``, ``run.eval_every_s``)."""
+    cfg = core.cfg
+    r = core.version
+    row: dict = {"round": r, "time_s": now, "participants": len(arr), "updates": len(arr)}
+    n = sum(a.samples for a in arr)
+    row["train_loss"] = float(sum(a.loss * a.samples for a in arr) / max(n, 1))
+    row["staleness"] = float(np.mean([r - 1 - a.base_version for a in arr]))
+    every_s = cfg["run"]["eval_every_s"]
+    bucket = int(now // every_s) if every_s > 0 else 0
+    if (
+        r % cfg["run"]["eval_every"] == 0
+        or r >= cfg["run"]["rounds"]
+        or (every_s > 0 and bucket > core.eval_bucket)
+    ):
+        core.eval_bucket = bucket
+        with torch.no_grad():
+            loss, acc = evaluate(core.task.model, core.test_set, core.task.data.info.task)
+        row["test_loss"], row["test_accuracy"] = loss, acc
+    row.update(core.period)
+    return row
+
+
+def finish(core: Any, rows: list[dict], rounds_done: int, wall: float, end: float) -> None:
+    """Print the summary table and the final accuracy; write summary.json and the model."""
+    stats = core.t.stats
+    for d, frac in core.timeline.idle.items():
+        core.devices[d]["idle_fraction"] = frac
+    agg = core.aggregator
+    info = {
+        "rounds_done": rounds_done,
+        "workers": len(core.workers),
+        "clock": "virtual" if core.virtual else "wall",
+        "time_s": end,
+        "idle_fraction": core.timeline.idle_fraction(),
+        "consistency": core.policy.name,
+        "gate": core.cfg["algorithm"]["gate"],
+        "allocation": core.cfg["algorithm"]["allocation"],
+        "dp_epsilon": agg.epsilon() if hasattr(agg, "epsilon") else None,
+        **summary_defaults(),
+    }
+    for src in (*core.plugins, core.server):
+        info.update(src.summary() or {})
+    info.update({
+        "reference_s_per_sample": core.ref_s,
+        "lost_tasks": core.lost_tasks,
+        "failed_devices": {str(d): t for d, t in sorted(core.failed.items())},
+        "failed_ranks": {str(r): t for r, t in sorted(core.failed_ranks.items())},
+        "recovery_s": core.recovery_s,
+        "progress_after_failure_unix": core.progress_after_failure_unix,
+        "staleness_hist": {str(k): v for k, v in sorted(core.staleness.items())},
+        "wall_time_s": wall,
+        "stopped": core.stopped,
+        "rejected": sum(stats.rejected.values()),
+        "duplicates": sum(stats.duplicates.values()),
+    })  # fmt: skip
+    print(summary_table(rows, core.devices, info), flush=True)
+    evals = [r for r in rows if r.get("test_accuracy") is not None]
+    final_acc = evals[-1]["test_accuracy"] if evals else None
+    print(
+        f"final accuracy: {final_acc:.4f}" if final_acc is not None else "final accuracy: -",
+        flush=True,
+    )
+    if core.out_dir is None:
+        return
+    out = {
+        **info,
+        "final_accuracy": final_acc,
+        "final_test_loss": evals[-1]["test_loss"] if evals else None,
+        "model_sha256": model_sha256(core.global_model),
+        "devices": {str(d): v for d, v in sorted(core.devices.items())},
+        "wire": {
+            "bytes_sent": sum(stats.bytes_sent.values()),
+            "bytes_recv": sum(stats.bytes_recv.values()),
+            "msgs_sent": sum(stats.msgs_sent.values()),
+            "msgs_recv": sum(stats.msgs_recv.values()),
+        },
+    }
+    write_json(core.out_dir / "summary.json", out)
+    torch.save(core.task.model.state_dict(), core.out_dir / "final_model.pt")
+
+
+def model_sha256(arr: np.ndarray) -> str:
+    """SHA-256 (hex) of a flat model's raw float32 bytes (summary.json ``model_sha256``)."""
+    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+
+
+def write_json(path: Path, obj: dict) -> None:
+    """Write ``obj`` as JSON atomically (temporary file, then rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=float) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,1 @@
+"""Golden final models: named job configs and their recorded model hashes (see configs.py)."""
