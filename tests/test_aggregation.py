@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from edgefl.algorithms.aggregators import make_aggregator
 from edgefl.errors import ConfigError
 from edgefl.policies.aggregation import Mean, SampleWeighted, Update
-from edgefl.policies.aggregators import make_aggregator
 
 
 def _updates(rng, n=5, d=100):

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgefl.errors import ConfigError
-from edgefl.policies.allocation import (
+from edgefl.algorithms.hermes.allocation import (
     Allocation,
     FixedAllocation,
     HermesAllocation,
@@ -17,6 +16,7 @@ from edgefl.policies.allocation import (
     make_allocator,
     tukey_fences,
 )
+from edgefl.errors import ConfigError
 
 # seconds per sample of a 12-device fleet spanning 10x: seven alike mid-range devices, two
 # fast ones, three slow ones (the shape fences are made for: a majority and outliers)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import edgefl.ckpt.store as store
-from edgefl.ckpt.residual import (
+from edgefl.algorithms.gddr.residual import GDDRResidual
+from edgefl.algorithms.gddr.store import (
     check_checkpoint_every,
     load_residual,
     residual_checkpoint_name,
@@ -19,7 +20,6 @@ from edgefl.ckpt.residual import (
 )
 from edgefl.ckpt.store import save_checkpoint
 from edgefl.errors import CheckpointError, ConfigError
-from edgefl.policies.residual import GDDRResidual
 
 
 def trained(size=5000, steps=13, installments=2):

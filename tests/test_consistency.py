@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from edgefl.algorithms.aggregators import make_aggregator
 from edgefl.config.schema import defaults
 from edgefl.errors import ConfigError
 from edgefl.policies.aggregation import Update, ordered_updates
-from edgefl.policies.aggregators import make_aggregator
 from edgefl.policies.consistency import (
     BSP,
     POLICIES,

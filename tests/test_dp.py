@@ -13,9 +13,7 @@ from hypothesis import strategies as st
 from scipy import integrate, optimize
 from scipy.stats import norm
 
-from edgefl.errors import ConfigError
-from edgefl.policies.aggregation import Update
-from edgefl.policies.dp import (
+from edgefl.algorithms.dp.dpfedavg import (
     DEFAULT_ORDERS,
     DPFedAvg,
     RDPAccountant,
@@ -23,6 +21,8 @@ from edgefl.policies.dp import (
     rdp_gaussian,
     rdp_subsampled_gaussian,
 )
+from edgefl.errors import ConfigError
+from edgefl.policies.aggregation import Update
 
 ORDERS = np.array(DEFAULT_ORDERS)
 

@@ -8,9 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgefl.algorithms.hermes.metrics import HermesMetrics, worker_independence
-from edgefl.errors import ConfigError
-from edgefl.policies.gate import (
+from edgefl.algorithms.hermes.gate import (
     AlwaysGate,
     HermesGUP,
     make_gate,
@@ -18,6 +16,8 @@ from edgefl.policies.gate import (
     min_losses_for,
     min_losses_for_percentile,
 )
+from edgefl.algorithms.hermes.metrics import HermesMetrics, worker_independence
+from edgefl.errors import ConfigError
 
 
 def feed(gate, losses):

@@ -6,15 +6,15 @@ import math
 import numpy as np
 import pytest
 
-from edgefl.errors import ConfigError
-from edgefl.policies.aggregation import Update
-from edgefl.policies.loss_weighted import (
+from edgefl.algorithms.hermes.loss_weighted import (
     LOSS_AGGREGATORS,
     LossSoftmax,
     LossWeighted,
     candidate,
     make_loss_aggregator,
 )
+from edgefl.errors import ConfigError
+from edgefl.policies.aggregation import Update
 
 
 def up(device, delta, loss=1.0, samples=10):

@@ -7,9 +7,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from edgefl.algorithms.gddr.replay import ResidualReplay, decay_fractions
+from edgefl.algorithms.gddr.residual import GDDRResidual, ReleaseDecoder
 from edgefl.errors import ConfigError
-from edgefl.policies.replay import ResidualReplay, decay_fractions
-from edgefl.policies.residual import GDDRResidual, ReleaseDecoder
 
 
 def residual_state(values, device=4):

@@ -7,9 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import edgefl.policies.residual as residual
-from edgefl.errors import ConfigError
-from edgefl.policies.residual import (
+import edgefl.algorithms.gddr.residual as residual
+from edgefl.algorithms.gddr.residual import (
     GDDRResidual,
     ReleaseDecoder,
     expected_release_mask,
@@ -19,6 +18,7 @@ from edgefl.policies.residual import (
     stationary_density,
     withhold_mask,
 )
+from edgefl.errors import ConfigError
 
 
 def scripted(monkeypatch, masks: dict[int, list[bool]]) -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from edgefl.policies.residual_demo import main, quadratic_stability
+from edgefl.algorithms.gddr.demo import main, quadratic_stability
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -10,10 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgefl.errors import ConfigError
-from edgefl.policies.aggregation import Mean, Update
-from edgefl.policies.aggregators import all_aggregators, make_aggregator
-from edgefl.policies.robust import (
+from edgefl.algorithms.aggregators import all_aggregators, make_aggregator
+from edgefl.algorithms.robust.rules import (
     CoordinateMedian,
     Krum,
     MultiKrum,
@@ -23,6 +21,8 @@ from edgefl.policies.robust import (
     l2_norm,
     pairwise_sq_distances,
 )
+from edgefl.errors import ConfigError
+from edgefl.policies.aggregation import Mean, Update
 
 
 def ups(*rows, samples=1):
@@ -96,7 +96,7 @@ def test_pairwise_distances_and_norm_match_numpy():
 
 def test_blocked_computation_equals_unblocked(monkeypatch):
     """Coordinates are processed in blocks to bound memory; the block size must not matter."""
-    import edgefl.policies.robust as robust
+    import edgefl.algorithms.robust.rules as robust
 
     rng = np.random.default_rng(4)
     u = ups(*rng.standard_normal((7, 101)))

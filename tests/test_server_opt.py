@@ -8,9 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from edgefl.errors import ConfigError
-from edgefl.policies.keyrange import KeyRange
-from edgefl.policies.server_opt import (
+from edgefl.algorithms.server_opt.optimizers import (
     FedAdagrad,
     FedAdam,
     FedAvgM,
@@ -18,6 +16,8 @@ from edgefl.policies.server_opt import (
     ServerOptimizer,
     make_server_optimizer,
 )
+from edgefl.errors import ConfigError
+from edgefl.policies.keyrange import KeyRange
 
 
 def _f32(*x: float) -> np.ndarray:

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edgefl.algorithms.gddr.tau import AdaptiveTau, FixedTau, make_tau_controller
 from edgefl.errors import ConfigError
-from edgefl.policies.tau import AdaptiveTau, FixedTau, make_tau_controller
 
 
 def test_stable_gradient_lengthens_tau_with_patience():

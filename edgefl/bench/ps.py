@@ -11,7 +11,7 @@ weights and the bias), runs ``local_steps`` full-batch gradient steps on its smo
 at ``local_lr``, and pushes its delta; the server takes the sample-weighted mean, applies the
 server optimizer and the L1 proximal step (``server.l1 = l1 * local_lr * local_steps``, so a
 round with ``sgd`` at ``lr = 1`` is one proximal gradient step; see
-:mod:`edgefl.policies.server_opt`).
+:mod:`edgefl.algorithms.server_opt.optimizers`).
 
 **In-process.** Devices are simulated one after another in this one process, no MPI. Every
 message a device and the server exchange is really encoded and decoded with
@@ -163,10 +163,11 @@ def objective(data, devices_full, w: np.ndarray, l1: float) -> tuple[float, floa
 
 def run_variant(v: Variant, data, devices: list[Device], cfg: dict) -> dict:
     """Simulate ``cfg['rounds']`` rounds of one variant; returns its row."""
+    from edgefl.algorithms.server_opt.optimizers import make_server_optimizer
+
     from ..algorithms.ps.compress import Decoder, Encoder, round_values
     from ..algorithms.ps.filters import FilterContext, make_filter_chain
     from ..policies.keyrange import KeyRange, gather
-    from ..policies.server_opt import make_server_optimizer
 
     feats = data.features
     space = feats + 1  # weights, then the bias

@@ -251,6 +251,12 @@ SCHEMA: dict[str, Any] = {
             "edgefl.algorithms.Plugin), run after the built-in ones "
             "(docs/write-your-own-algorithm.md).",
         ),
+        "plugin_args": _f(
+            {},
+            "table",
+            "Options of your own plugins: one sub-table per plugin name (e.g. "
+            "[algorithm.plugin_args.my_plugin]); each plugin checks its own in check_config.",
+        ),
         "residual": _f(
             "none",
             "str",

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .per_example import PerExampleGrads
-from .train import _tensors
+from .train import as_tensors
 
 
 def ordered_epoch(
@@ -47,7 +47,7 @@ def ordered_epoch(
     Returns (mean training loss in nats, float32 array ``(n, numel)`` of the examples'
     gradients in visit order).
     """
-    tensors = _tensors(dataset)
+    tensors = as_tensors(dataset)
     if tensors is None:
         x_all = torch.stack([dataset[i][0] for i in range(len(dataset))])  # type: ignore[arg-type]
         y_all = torch.stack([torch.as_tensor(dataset[i][1]) for i in range(len(dataset))])  # type: ignore[arg-type]

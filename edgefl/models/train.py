@@ -30,12 +30,12 @@ def loss_fn(logits: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
     raise ConfigError(f"task: expected 'classification' or 'lm', got {task!r}")
 
 
-def _tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
+def as_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(X, Y) for a TensorDataset or (nested) Subset of one; None for other datasets."""
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
         return dataset.tensors[0], dataset.tensors[1]
     if isinstance(dataset, Subset):
-        inner = _tensors(dataset.dataset)
+        inner = as_tensors(dataset.dataset)
         if inner is not None:
             idx = torch.as_tensor(dataset.indices, dtype=torch.long)
             return inner[0][idx], inner[1][idx]
@@ -72,7 +72,7 @@ def evaluate(
     correct = torch.zeros((), dtype=torch.int64, device=device)
     count = 0
     try:
-        tensors = _tensors(dataset)
+        tensors = as_tensors(dataset)
         if tensors is not None:
             X, Y = tensors
             batches: Iterator = ((X[i : i + bs], Y[i : i + bs]) for i in range(0, n, bs))
@@ -138,7 +138,7 @@ def local_train(
     losses: list[torch.Tensor] = []
     samples = 0
 
-    tensors = _tensors(dataset)
+    tensors = as_tensors(dataset)
     if tensors is not None:
         X = tensors[0].to(device)
         Y = tensors[1].to(device)

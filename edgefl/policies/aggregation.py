@@ -4,9 +4,9 @@ Every aggregator combines a round's updates in ascending device order, so the re
 not depend on the order in which messages arrived (the determinism contract). This module is
 the bottom of the aggregation layer: the update type, the :class:`Aggregator` API and the
 weighted means (FedAvg, plain mean). The Byzantine-robust aggregators (median, trimmed mean,
-Krum, Multi-Krum, norm clipping) build on it in :mod:`edgefl.policies.robust`; the registry
-of every ``algorithm.aggregation`` name, :func:`~edgefl.policies.aggregators.make_aggregator`,
-sits above both in :mod:`edgefl.policies.aggregators` (so this module imports neither).
+Krum, Multi-Krum, norm clipping) build on it in :mod:`edgefl.algorithms.robust.rules`; the registry
+of every ``algorithm.aggregation`` name, :func:`~edgefl.algorithms.aggregators.make_aggregator`,
+sits above both in :mod:`edgefl.algorithms.aggregators` (so this module imports neither).
 """
 
 from __future__ import annotations
@@ -111,5 +111,5 @@ class Mean(Aggregator):
 
 
 # The weighted means; the robust ones are registered in robust.ROBUST_AGGREGATORS and both
-# are merged by edgefl.policies.aggregators.all_aggregators.
+# are merged by edgefl.algorithms.aggregators.all_aggregators.
 AGGREGATORS: dict[str, type[Aggregator]] = {a.name: a for a in (SampleWeighted, Mean)}

@@ -68,7 +68,7 @@ class Coordinator:
         out_dir: Path | None,
         resume: dict | None = None,
     ) -> None:
-        from ..policies.server_opt import make_server_optimizer
+        from edgefl.algorithms.server_opt.optimizers import make_server_optimizer
 
         self.cfg = cfg
         self.t = transport

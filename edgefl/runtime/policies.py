@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from edgefl.algorithms.aggregators import make_aggregator
+
 from ..policies.aggregation import Aggregator
-from ..policies.aggregators import make_aggregator
 
 
 def make_update_aggregator(cfg: dict, num_devices: int) -> Aggregator:
     """The aggregator named by ``algorithm.aggregation`` with its options."""
     name = cfg["algorithm"]["aggregation"]
     if cfg["dp"]["enabled"]:
-        from ..policies.dp import DPFedAvg
+        from edgefl.algorithms.dp.dpfedavg import DPFedAvg
 
         return DPFedAvg.from_config(cfg)
     if name in ("loss-weighted", "loss-softmax"):
-        from ..policies.loss_weighted import make_loss_aggregator
+        from edgefl.algorithms.hermes.loss_weighted import make_loss_aggregator
 
         return make_loss_aggregator(name, cfg["hermes"])
     return make_aggregator(name, expected_updates=num_devices, **cfg["robust"])

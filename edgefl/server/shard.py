@@ -92,7 +92,7 @@ class Shard:
     """
 
     def __init__(self, cfg: dict, transport: Transport, numel: int, signature: str) -> None:
-        from ..policies.server_opt import make_server_optimizer
+        from edgefl.algorithms.server_opt.optimizers import make_server_optimizer
 
         self.cfg = cfg
         self.t = transport

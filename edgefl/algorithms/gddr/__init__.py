@@ -1,8 +1,8 @@
 """GDDR: per-device residual buffers with delayed, sum-preserving release
 (``algorithm.residual = "gddr"``; docs/gddr.md).
 
-- the pure rule, its tau controllers and the replay of dead devices' residuals live in
-  :mod:`edgefl.policies.residual`, :mod:`edgefl.policies.tau`, :mod:`edgefl.policies.replay`;
+- pure modules: the rule (:mod:`.residual`), its tau controllers (:mod:`.tau`), the replay
+  of dead devices' residuals (:mod:`.replay`), residual checkpoints (:mod:`.store`);
 - :mod:`.coordinator`: decodes RESIDUAL messages, replays a dead device's last residual
   checkpoint, adapts tau, and collects every residual at the end (the flush);
 - :mod:`.worker`: each device's residual, its releases (RESIDUAL) and its HDF5 residual
@@ -30,7 +30,7 @@ class GDDR(Plugin):
 
     @classmethod
     def check_config(cls, cfg: dict) -> None:
-        from ...policies.residual import GDDRResidual
+        from edgefl.algorithms.gddr.residual import GDDRResidual
 
         g = cfg["gddr"]
         GDDRResidual(

@@ -22,8 +22,8 @@ class GDDRCoordinator(CoordinatorPlugin):
     flush_always_applies = True
 
     def __init__(self, core, name: str) -> None:
-        from ...policies.replay import ResidualReplay
-        from ...policies.tau import make_tau_controller
+        from edgefl.algorithms.gddr.replay import ResidualReplay
+        from edgefl.algorithms.gddr.tau import make_tau_controller
 
         super().__init__(core, name)
         g = core.cfg["gddr"]
@@ -37,7 +37,7 @@ class GDDRCoordinator(CoordinatorPlugin):
         spec.arg = self.tauc.tau
 
     def _decoder(self, d: int):
-        from ...policies.residual import ReleaseDecoder
+        from edgefl.algorithms.gddr.residual import ReleaseDecoder
 
         dec = self.decoders.get(d)
         if dec is None:
@@ -74,7 +74,8 @@ class GDDRCoordinator(CoordinatorPlugin):
     def on_device_dead(self, d: int, now: float) -> None:
         """Fold ``d``'s last residual checkpoint back in over the next steps. A missing or
         corrupt checkpoint is logged and the run goes on without it."""
-        from ...ckpt.residual import load_residual, residual_checkpoint_name
+        from edgefl.algorithms.gddr.store import load_residual, residual_checkpoint_name
+
         from ...errors import CheckpointError
 
         core = self.core

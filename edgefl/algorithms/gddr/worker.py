@@ -23,7 +23,7 @@ class GDDRWorker(WorkerPlugin):
 
     def _residual(self, device: int):
         if device not in self.residuals:
-            from ...policies.residual import GDDRResidual
+            from edgefl.algorithms.gddr.residual import GDDRResidual
 
             c = self.core.cfg
             g = c["gddr"]
@@ -44,7 +44,7 @@ class GDDRWorker(WorkerPlugin):
         payload[-1] = rel.norm
         every = self.core.cfg["gddr"]["checkpoint_every"]
         if self.ckpt_dir is not None and every and (step + 1) % every == 0:
-            from ...ckpt.residual import residual_checkpoint_name, save_residual
+            from edgefl.algorithms.gddr.store import residual_checkpoint_name, save_residual
 
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_residual(self.ckpt_dir / residual_checkpoint_name(d), res.state_dict())

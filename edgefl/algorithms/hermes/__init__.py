@@ -4,9 +4,8 @@ iteration time (``algorithm.allocation = "hermes"``), loss-weighted aggregation
 (``algorithm.aggregation = "loss-weighted" | "loss-softmax"``), and the WI / API-call
 metrics every run reports under ``summary.json`` ``hermes``.
 
-- the pure gate, allocator and aggregators: :mod:`edgefl.policies.gate`,
-  :mod:`edgefl.policies.allocation`, :mod:`edgefl.policies.loss_weighted`; the metrics:
-  :mod:`.metrics`;
+- pure modules: the gate (:mod:`.gate`), the allocator (:mod:`.allocation`), the
+  loss-weighted aggregators (:mod:`.loss_weighted`), the metrics (:mod:`.metrics`);
 - :mod:`.coordinator` and :mod:`.worker`: the two halves.
 """
 
@@ -16,8 +15,6 @@ from ...errors import ConfigError
 from ..base import Plugin
 from .coordinator import HermesCoordinator
 from .worker import HermesWorker
-
-LOSS_AGGREGATIONS = ("loss-weighted", "loss-softmax")
 
 
 class Hermes(Plugin):
@@ -31,8 +28,8 @@ class Hermes(Plugin):
 
     @classmethod
     def check_config(cls, cfg: dict) -> None:
-        from ...policies.allocation import make_allocator
-        from ...policies.gate import make_gate
+        from edgefl.algorithms.hermes.allocation import make_allocator
+        from edgefl.algorithms.hermes.gate import make_gate
 
         if cfg["algorithm"]["gate"] == "hermes" and not cfg["hermes"]["wait_for_model"]:
             raise ConfigError(
@@ -44,4 +41,4 @@ class Hermes(Plugin):
         make_allocator(a["allocation"], cfg["allocation"], cfg["train"]["local_epochs"])
 
 
-__all__ = ["Hermes", "LOSS_AGGREGATIONS"]
+__all__ = ["Hermes"]

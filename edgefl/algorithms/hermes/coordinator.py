@@ -17,8 +17,9 @@ class HermesCoordinator(CoordinatorPlugin):
     global model (``hermes.broadcast = "all"``) and keeps the WI / API metrics."""
 
     def __init__(self, core, name: str) -> None:
-        from ...policies.allocation import make_allocator
-        from . import LOSS_AGGREGATIONS
+        from edgefl.algorithms.hermes.allocation import make_allocator
+
+        from .loss_weighted import LOSS_AGGREGATIONS
 
         super().__init__(core, name)
         cfg = core.cfg

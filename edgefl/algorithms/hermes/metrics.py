@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...policies.allocation import cv
+from edgefl.algorithms.hermes.allocation import cv
 
 
 def worker_independence(iterations: int, requests: int) -> float:

@@ -24,7 +24,7 @@ class HermesWorker(WorkerPlugin):
 
     def _gate(self, device: int):
         if device not in self.gates:
-            from ...policies.gate import make_gate
+            from edgefl.algorithms.hermes.gate import make_gate
 
             c = self.core.cfg
             self.gates[device] = make_gate(c["algorithm"]["gate"], c["hermes"])

@@ -12,20 +12,8 @@ from __future__ import annotations
 from ...errors import ConfigError
 from ..base import Plugin
 from .coordinator import OrderingCoordinator
+from .orderers import make_cfg_orderer
 from .worker import OrderingWorker
-
-
-def make_cfg_orderer(cfg: dict):
-    """The example orderer of ``algorithm.ordering`` (None for "none")."""
-    name = cfg["algorithm"]["ordering"]
-    if name == "none":
-        return None
-    from .orderers import make_orderer
-
-    o = cfg["ordering"]
-    return make_orderer(
-        name, cfg["seed"], o["sketch_dim"], o["unit"], o["microbatch"], o["sketch_kind"]
-    )
 
 
 class Ordering(Plugin):

@@ -19,7 +19,7 @@ class OrderingCoordinator(CoordinatorPlugin):
     message_kinds = (Kind.GRADS,)
 
     def __init__(self, core, name: str) -> None:
-        from . import make_cfg_orderer
+        from .orderers import make_cfg_orderer
 
         super().__init__(core, name)
         self.orderer = make_cfg_orderer(core.cfg)

@@ -967,3 +967,14 @@ def replay_epoch_debug(path: str | Path) -> tuple[list[np.ndarray], list[np.ndar
     )
     o.load_state_dict(state)
     return o.next_orders(grads, used, sketched=sketched), sent
+
+
+def make_cfg_orderer(cfg: dict):
+    """The example orderer of ``algorithm.ordering`` (None for "none")."""
+    name = cfg["algorithm"]["ordering"]
+    if name == "none":
+        return None
+    o = cfg["ordering"]
+    return make_orderer(
+        name, cfg["seed"], o["sketch_dim"], o["unit"], o["microbatch"], o["sketch_kind"]
+    )

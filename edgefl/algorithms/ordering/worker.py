@@ -15,7 +15,7 @@ class OrderingWorker(WorkerPlugin):
     message_kinds = (Kind.ORDER,)
 
     def __init__(self, core, name: str) -> None:
-        from . import make_cfg_orderer
+        from .orderers import make_cfg_orderer
 
         super().__init__(core, name)
         self.orderer = make_cfg_orderer(core.cfg)  # used for its sketch only

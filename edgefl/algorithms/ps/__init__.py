@@ -14,16 +14,9 @@ from __future__ import annotations
 from ...errors import ConfigError
 from ..base import Plugin
 from .coordinator import PSCoordinator
+from .filters import make_ps_filter_chain
 from .worker import PSWorker
 from .workset import WORKING_SET_MODELS, working_set_pulls
-
-
-def make_ps_filter_chain(cfg: dict, quantize=None, exempt=None):
-    """A device's filter chain (``ps.filters``); the KKT filter's threshold is ``server.l1``
-    (delta units: the worker scales its gradients by ``train.lr`` x local steps)."""
-    from .filters import make_filter_chain
-
-    return make_filter_chain({**cfg["ps"], "l1": cfg["server"]["l1"]}, quantize, exempt)
 
 
 class ParameterServer(Plugin):

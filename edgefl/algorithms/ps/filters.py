@@ -456,3 +456,9 @@ def make_filter_chain(
                 f"allowed: {', '.join(FILTER_NAMES)}"
             )
     return FilterChain(out, quantize)
+
+
+def make_ps_filter_chain(cfg: dict, quantize=None, exempt=None):
+    """A device's filter chain (``ps.filters``); the KKT filter's threshold is ``server.l1``
+    (delta units: the worker scales its gradients by ``train.lr`` x local steps)."""
+    return make_filter_chain({**cfg["ps"], "l1": cfg["server"]["l1"]}, quantize, exempt)

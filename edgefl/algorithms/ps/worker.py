@@ -143,8 +143,8 @@ class PSWorker(WorkerPlugin):
         return self._exempt
 
     def _setup_device(self, d: int, size: int) -> None:
-        from . import make_ps_filter_chain
         from .compress import Encoder, key_hash, round_values
+        from .filters import make_ps_filter_chain
 
         ps = self.core.cfg["ps"]
         q = None

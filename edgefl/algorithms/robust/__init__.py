@@ -1,6 +1,6 @@
 """Robust aggregation (docs/robustness.md). The robust rules themselves (median, trimmed
 mean, (multi-)Krum, norm clipping) are choices of the aggregation axis
-(:mod:`edgefl.policies.robust`); this plugin is the norm bound that drops or clips
+(:mod:`edgefl.algorithms.robust.rules`); this plugin is the norm bound that drops or clips
 outlying updates before any rule sees them (``robust.norm_bound``,
 ``robust.norm_bound_relative``)."""
 
@@ -12,11 +12,11 @@ from ..base import CoordinatorPlugin, Plugin
 
 
 class NormBoundCoordinator(CoordinatorPlugin):
-    """Filters every model change's arrivals through :class:`~edgefl.policies.robust.
+    """Filters every model change's arrivals through :class:`~edgefl.algorithms.robust.rules.
     UpdateFilter`; a rejected update is logged against its device and released."""
 
     def __init__(self, core, name: str) -> None:
-        from ...policies.robust import UpdateFilter
+        from edgefl.algorithms.robust.rules import UpdateFilter
 
         super().__init__(core, name)
         self.filter = UpdateFilter.from_options(numel=core.global_model.size,

@@ -1,10 +1,10 @@
 """GDDR residual checkpoints: one device's residual state in one HDF5 file, atomically.
 
 Every ``gddr.checkpoint_every`` steps each device writes its residual state
-(:meth:`edgefl.policies.residual.GDDRResidual.state_dict`: values, installment buckets, due
+(:meth:`edgefl.algorithms.gddr.residual.GDDRResidual.state_dict`: values, installment buckets, due
 steps, step counter, tau) to ``gddr-residual-<device:06d>.h5`` in the run's checkpoint
 folder, replacing the previous one. After a device dies the coordinator reads it
-(:func:`load_residual`) and replays it (``edgefl.policies.replay``).
+(:func:`load_residual`) and replays it (``edgefl.algorithms.gddr.replay``).
 
 Storage reuses :func:`edgefl.ckpt.store.save_checkpoint` (temporary file in the same folder,
 flush, fsync, ``os.replace``, directory fsync; a crc32 per dataset and a commit marker). On top
@@ -16,8 +16,8 @@ logs it and goes on without that residual.
 
 The format of the residual state itself (:data:`STATE_FORMAT`, its keys and dtypes,
 :func:`check_state`) is defined here, at the bottom of the layering, so that the checkpoint
-needs nothing from :mod:`edgefl.policies`: :mod:`edgefl.policies.residual` (which produces
-the state) and :mod:`edgefl.policies.replay` import it from this module.
+needs nothing from :mod:`edgefl.policies`: :mod:`edgefl.algorithms.gddr.residual` (which produces
+the state) and :mod:`edgefl.algorithms.gddr.replay` import it from this module.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ KIND = "gddr-residual"
 
 # ------------------------------------------------------------------------------ state format
 
-#: version tag of a residual state (:meth:`edgefl.policies.residual.GDDRResidual.state_dict`).
+#: version tag of a residual state (:meth:`.residual.GDDRResidual.state_dict`).
 STATE_FORMAT = "gddr-residual/1"
 #: ``derive_seed`` stream constant of the GDDR withhold masks ("GDDR" in ASCII); a state
 #: records it, so a state drawn with other masks is rejected.
@@ -69,7 +69,7 @@ STATE_SCALARS: tuple[str, ...] = (
 
 def check_state(state: dict[str, Any]) -> None:
     """ValueError (one line) unless ``state`` is a well-formed residual state
-    (:meth:`edgefl.policies.residual.GDDRResidual.state_dict`)."""
+    (:meth:`edgefl.algorithms.gddr.residual.GDDRResidual.state_dict`)."""
     if not isinstance(state, dict):
         raise ValueError(f"GDDR state must be a dict, got {type(state).__name__}")
     if state.get("format") != STATE_FORMAT:

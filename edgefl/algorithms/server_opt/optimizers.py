@@ -45,9 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from ..config import checks
-from ..errors import ConfigError
-from .keyrange import KeyRange
+from edgefl.config import checks
+from edgefl.errors import ConfigError
+from edgefl.policies.keyrange import KeyRange
 
 BUILTIN = ("sgd", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 DEFAULTS: dict[str, Any] = {

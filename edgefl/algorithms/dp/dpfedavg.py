@@ -36,11 +36,11 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
-from ..config import checks
-from ..errors import ConfigError
-from ..seeding import derive_seed
-from .aggregation import Aggregator, Update
-from .robust import l2_norm
+from edgefl.algorithms.robust.rules import l2_norm
+from edgefl.config import checks
+from edgefl.errors import ConfigError
+from edgefl.policies.aggregation import Aggregator, Update
+from edgefl.seeding import derive_seed
 
 # stream purpose of the DP noise (last part of derive_seed's key, after the step)
 DP_NOISE = 0xD9

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import checks
-from ..errors import ConfigError
+from edgefl.config import checks
+from edgefl.errors import ConfigError
 
 BATCH_LADDER = (2, 4, 8, 16, 32, 64)
 TRIGGERS = ("fences", "always")

@@ -2,15 +2,15 @@
 
 It sits above both aggregator modules, so dependencies point one way:
 :mod:`edgefl.policies.aggregation` (update type, :class:`~.aggregation.Aggregator` API,
-weighted means) <- :mod:`edgefl.policies.robust` (Byzantine-robust aggregators) <- this
+weighted means) <- :mod:`edgefl.algorithms.robust.rules` (Byzantine-robust aggregators) <- this
 module. Neither aggregator module imports it.
 """
 
 from __future__ import annotations
 
-from ..errors import ConfigError
-from .aggregation import AGGREGATORS, Aggregator
-from .robust import ROBUST_AGGREGATORS, ROBUST_KEYS, build_robust
+from edgefl.algorithms.robust.rules import ROBUST_AGGREGATORS, ROBUST_KEYS, build_robust
+from edgefl.errors import ConfigError
+from edgefl.policies.aggregation import AGGREGATORS, Aggregator
 
 
 def all_aggregators() -> dict[str, type[Aggregator]]:

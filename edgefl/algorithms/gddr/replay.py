@@ -1,11 +1,11 @@
 """Replay of a dead device's GDDR residual on the coordinator (pure, no MPI).
 
 When a device dies, what it withheld and never sent is missing from the global sum. The
-coordinator loads the device's latest residual checkpoint (``edgefl.ckpt.residual``) and folds
+coordinator loads the device's latest residual checkpoint (:mod:`.store`) and folds
 the part of it that has not reached the model into the global model with exponential decay:
 over the next ``gddr.replay_steps`` steps, amounts proportional to 1, d, d^2, ... with
 d = ``gddr.replay_decay``. The amounts sum to the outstanding residual exactly in real
-arithmetic (:func:`edgefl.policies.residual.split_exact`).
+arithmetic (:func:`edgefl.algorithms.gddr.residual.split_exact`).
 
 Bookkeeping: what is outstanding, and why late messages are harmless
 -------------------------------------------------------------------
@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from .residual import GDDRResidual, check_state, geometric_weight, split_exact
+from edgefl.algorithms.gddr.residual import GDDRResidual, check_state, geometric_weight, split_exact
+from edgefl.errors import ConfigError
 
 
 def check_replay(decay: float, steps: int) -> tuple[float, int]:

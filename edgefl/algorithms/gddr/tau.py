@@ -7,7 +7,7 @@ gradient changes slowly relative to tau steps and destabilising when it changes 
 gradient is stable, always within [``gddr.tau_min``, ``gddr.tau_max``].
 
 Signal: every update message carries the L2 norm of the device's update
-(:attr:`edgefl.policies.residual.Release.norm`). Once per coordinator step (a BSP round, or
+(:attr:`edgefl.algorithms.gddr.residual.Release.norm`). Once per coordinator step (a BSP round, or
 every few messages under SSP/ASP) the controller gets that step's norms and computes, in
 float64:
 
@@ -29,8 +29,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import ConfigError
-from .residual import check_tau
+from edgefl.algorithms.gddr.residual import check_tau
+from edgefl.errors import ConfigError
 
 
 def check_tau_bounds(tau_min: int, tau_max: int) -> tuple[int, int]:

@@ -8,7 +8,7 @@ descent is stable for step_size * lambda_max < 2; with delay the safe step shrin
 1 / tau (a coordinate held k steps applies about (k + 1) stale gradients at once), so
 long delays combined with large steps diverge while small steps still converge.
 
-Run ``python -m edgefl.policies.residual_demo`` for a table of final losses.
+Run ``python -m edgefl.algorithms.gddr.demo`` for a table of final losses.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from .residual import GDDRResidual
+from edgefl.algorithms.gddr.residual import GDDRResidual
 
 
 def quadratic_stability(

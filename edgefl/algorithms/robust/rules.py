@@ -33,9 +33,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..config import checks
-from ..errors import ConfigError
-from .aggregation import Aggregator, Update
+from edgefl.config import checks
+from edgefl.errors import ConfigError
+from edgefl.policies.aggregation import Aggregator, Update
 
 # Leaf names of the [robust] config keys (make_aggregator / UpdateFilter options).
 ROBUST_KEYS: tuple[str, ...] = (
@@ -287,7 +287,7 @@ def build_robust(
     name: str, expected_updates: int | None, options: Mapping[str, object]
 ) -> Aggregator:
     """A robust aggregator from its name and the ``[robust]`` options (leaf names); called
-    by :func:`~edgefl.policies.aggregators.make_aggregator`, which checked the names."""
+    by :func:`~edgefl.algorithms.aggregators.make_aggregator`, which checked the names."""
     opt = {**DEFAULTS, **options}
     if name == "median":
         return CoordinateMedian()

@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from ..config import checks
-from ..errors import ConfigError
-from .aggregation import Aggregator, Update, ordered_updates
+from edgefl.config import checks
+from edgefl.errors import ConfigError
+from edgefl.policies.aggregation import Aggregator, Update, ordered_updates
 
 MIN_LOSS = 1e-12  # a loss of exactly 0 is treated as this (weight 1e12, not a division by 0)
 
@@ -297,3 +297,7 @@ def make_loss_aggregator(name: str, hermes: Mapping[str, Any] | None = None) -> 
         f"config key 'algorithm.aggregation' = {name!r}: expected one of "
         + ", ".join(LOSS_AGGREGATORS)
     )
+
+
+#: the aggregation-axis choices this module implements
+LOSS_AGGREGATIONS = ("loss-weighted", "loss-softmax")

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import checks
-from ..errors import ConfigError
+from edgefl.config import checks
+from edgefl.errors import ConfigError
 
 TESTS = ("zscore", "percentile")
 

@@ -59,9 +59,9 @@ import numpy as np
 
 # The state format (STATE_FORMAT, MASK_STREAM, check_state) lives with the residual
 # checkpoint, at the bottom of the layering; it is re-exported here.
-from ..ckpt.residual import MASK_STREAM, NOT_HELD, STATE_FORMAT, check_state
-from ..errors import ConfigError
-from ..seeding import derive_seed
+from edgefl.algorithms.gddr.store import MASK_STREAM, NOT_HELD, STATE_FORMAT, check_state
+from edgefl.errors import ConfigError
+from edgefl.seeding import derive_seed
 
 _NOT_HELD = NOT_HELD
 _DUE_MAX = np.iinfo(np.int32).max
@@ -352,7 +352,7 @@ class GDDRResidual:
     def advance64(self, g64: np.ndarray | None, t: int) -> tuple[np.ndarray, np.ndarray]:
         """One step in float64 without the float32 cast: returns (indices, float64 values).
 
-        ``g64=None`` means a zero update (replay shadows, ``edgefl.policies.replay``). Unlike
+        ``g64=None`` means a zero update (replay shadows, ``edgefl.algorithms.gddr.replay``). Unlike
         :meth:`step`, it does not check ``g64`` and keeps no rounding carry; use :meth:`step`
         for real updates.
         """
