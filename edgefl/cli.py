@@ -150,7 +150,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _check_mpi4py()
     launcher = find_mpiexec()
     if launcher.failure_detection() == "timeout" and cfg["comm"]["failure_timeout_s"] == 0:
-        # this MPI cannot report dead ranks: fall back to time-outs (DESIGN section 6)
+        # this MPI cannot report dead ranks: fall back to time-outs (docs/architecture.md, Failures)
         cfg["comm"]["failure_timeout_s"] = 120.0
     preflight(cfg)
     run_dir = resolve_run_dir(cfg, args.out, args.resume, _stem(args.config))

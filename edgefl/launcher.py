@@ -48,7 +48,7 @@ class Launcher:
             if ulfm and self.supports_ulfm():
                 flags += ["--with-ft", "ulfm"]
         elif ulfm and self.flavor in ("mpich", "intel"):
-            # no ULFM: keep the survivors alive (DESIGN section 6) and detect by time-outs
+            # no ULFM: keep the survivors alive (edgefl.rankwrap) and detect by time-outs
             flags.append("-disable-auto-cleanup")
             argv = [sys.executable, "-m", "edgefl.rankwrap", *argv]
         return [self.path, *flags, "-n", str(ranks), *argv]

@@ -1,4 +1,4 @@
-"""Per-rank wrapper for MPICH / Intel MPI (Hydra) launches (DESIGN section 6).
+"""Per-rank wrapper for MPICH / Intel MPI (Hydra) launches (docs/architecture.md, Failures).
 
 Hydra tears every rank down when one dies of a signal. With ``-disable-auto-cleanup`` it
 does not, but it still sends the survivors SIGUSR1. ``edgefl simulate`` therefore starts

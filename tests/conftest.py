@@ -118,6 +118,8 @@ def run_loopback_job(cfg: dict, ranks: int, *, shard_cls=None, coordinator_cls=N
     t0 = LoopbackTransport(fabric, 0, Validator(0, model_numel=task.flat.numel))
     coord = (coordinator_cls or Coordinator)(cfg, t0, task, out_dir=None)
     coord.register()
+    if coord.resume is not None:  # (a coordinator_cls given a checkpoint to continue from)
+        coord.restore()
     statuses[0] = coord.run()
     coord.stop_workers(0)
     for th in threads:

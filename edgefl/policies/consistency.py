@@ -192,11 +192,12 @@ class Consistency(ABC):
         subclass's options) is not state: a restored policy is built with the same
         arguments first, then given the state with :meth:`load_state_dict`.
         """
-        return {"draws": self.draws}
+        return {"draws": self.draws, "busy": _busy_state(self.busy)}
 
     def load_state_dict(self, st: dict) -> None:
         """Restore what :meth:`state_dict` returned (missing keys keep their defaults)."""
         self.draws = int(st.get("draws", 0))
+        self.busy = {int(d) for d in st.get("busy", [])}
 
 
 class BSP(Consistency):
@@ -281,11 +282,16 @@ class BSP(Consistency):
         return nxt
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "round": self.round}
+        """Also the round, its devices still out (``pending``) and whether it is open. Its
+        buffer is empty whenever the runtime checkpoints (right after an apply)."""
+        return {**super().state_dict(), "round": self.round, "open": self.open,
+                "pending": _busy_state(self.pending)}  # fmt: skip
 
     def load_state_dict(self, st: dict) -> None:
         super().load_state_dict(st)
         self.round = int(st.get("round", 0))
+        self.open = bool(st.get("open", False))
+        self.pending = {int(d) for d in st.get("pending", [])}
 
 
 class SSP(Consistency):
@@ -353,10 +359,13 @@ class SSP(Consistency):
         return self._release(now, available)
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "clock": {str(k): v for k, v in self.clock.items()}}
+        clock = {str(k): v for k, v in self.clock.items()}
+        return {**super().state_dict(), "clock": clock, "active": _busy_state(self.active)}
 
     def load_state_dict(self, st: dict) -> None:
         super().load_state_dict(st)
+        if "active" in st:
+            self.active = {int(d) for d in st["active"]}
         for k, v in st.get("clock", {}).items():
             if int(k) in self.clock:
                 self.clock[int(k)] = int(v)
@@ -404,7 +413,6 @@ class FedBuff(Consistency):
         """
         return {
             **super().state_dict(),
-            "busy": _busy_state(self.busy),
             "buffer": [
                 {
                     "device": int(a.device),
@@ -439,7 +447,6 @@ class FedBuff(Consistency):
                 been lost; their devices are idle, not busy, and get new tasks.
         """
         super().load_state_dict(st)
-        self.busy = {int(d) for d in st.get("busy", [])}
         self.buffer = []
         if deltas is None:
             return
@@ -506,16 +513,6 @@ class FedAsync(Consistency):
         the busy set (restored by :meth:`load_state_dict`) is cleared first."""
         self.busy.clear()
         return self._refill(now, available)
-
-    def state_dict(self) -> dict:
-        """Plain JSON values: ``draws`` and ``busy`` (sorted device ids)."""
-        return {**super().state_dict(), "busy": _busy_state(self.busy)}
-
-    def load_state_dict(self, st: dict) -> None:
-        """Restore what :meth:`state_dict` returned (an older state without ``busy``
-        loads as no device busy)."""
-        super().load_state_dict(st)
-        self.busy = {int(d) for d in st.get("busy", [])}
 
     def arrived(self, a: Arrival, version: int, now: float, available: Available) -> Decision:
         self.busy.discard(a.device)

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..ckpt import checkpoint_name, save_checkpoint
 from ..config import config_from_toml
 from ..errors import CheckpointError
@@ -34,6 +36,7 @@ def save(core: Any, round_: int, rows: list[dict], wall: float, now: float) -> P
         "policy": json.dumps(core.policy.state_dict()),
         "tasks": json.dumps({str(d): n for d, n in core.tasks.items()}),
         "staleness": json.dumps({str(k): v for k, v in core.staleness.items()}),
+        "lost_tasks": int(core.lost_tasks),
     }
     state["server_optimizer"] = core.server_opt.state_dict()
     state["aggregation"] = {"state": _aggregator_state(core.aggregator)}
@@ -41,6 +44,9 @@ def save(core: Any, round_: int, rows: list[dict], wall: float, now: float) -> P
     for name, devs in devstate.collect(core).items():
         plugins.setdefault(name, {"state": {}})["devices"] = devs
     state["plugins"] = plugins
+    flight = _flight(core)
+    if flight is not None:
+        state["flight"] = flight
     save_checkpoint(path, state)
     return path
 
@@ -79,6 +85,7 @@ def restore(core: Any, st: dict) -> None:
         if int(d) in core.tasks:
             core.tasks[int(d)] = int(n)
     core.staleness = {int(k): int(v) for k, v in json.loads(c["staleness"]).items()}
+    core.lost_tasks = int(c.get("lost_tasks", 0))
     core.server_opt.load_state_dict(st["server_optimizer"])
     agg = st.get("aggregation", {}).get("state")
     if agg and hasattr(core.aggregator, "load_state_dict"):
@@ -98,3 +105,121 @@ def restore(core: Any, st: dict) -> None:
             )
         p.load_state_dict(saved[p.name].get("state", {}))
     devstate.restore(core, {n: v.get("devices", {}) for n, v in saved.items()})
+    core.flight_state = st.get("flight")  # (put back when the event loop starts)
+    core.flight_policy = c["policy"]
+
+
+# -- tasks in flight ------------------------------------------------------------------------
+def _flight(core: Any) -> dict | None:
+    """What is under way when a checkpoint of a new model version is written (inside the
+    apply): the decision still to carry out, the tasks in flight (their TRAINs, the model
+    versions they started from), the clock's pending events, the gated uploads held here and
+    the policy's buffered updates. None when the checkpoint is not taken at an apply (then a
+    resume restarts the tasks, as it always did)."""
+    dec = core.pending
+    if dec is None:
+        return None
+    fl: dict[str, Any] = {
+        "pending": json.dumps({"dispatch": list(dec.dispatch), "dropped": list(dec.dropped),
+                               "timer": list(dec.timer) if dec.timer else None}),
+        "inflight": json.dumps({str(d): list(v) for d, v in core.inflight.items()}),
+        "sent": json.dumps({str(d): [t, *a] for d, (t, a) in core.sent.items()
+                            if d in core.inflight}),
+        "online_pending": sorted(int(d) for d in core.online_pending),
+        "refresh": sorted(int(d) for d, v in core.refresh.items() if v),
+        "iter_time": json.dumps({str(d): s for d, s in core.iter_time.items()}),
+        "failed": json.dumps({str(d): s for d, s in core.failed.items()}),
+        "bases": {str(v): np.array(m) for v, m in core.bases.items()},
+    }  # fmt: skip
+    if core.virtual:
+        fl["heap"] = np.array(core.ev.heap, np.float64).reshape(-1, 6)
+        fl["heap_n"] = int(core.ev.n)
+    fl["pushes"] = {f"{d}:{t}": _message_state(m) for (d, t), m in core.pushes.items()}
+    buf = getattr(core.policy, "buffer", None) or []
+    fl["buffered"] = {
+        f"{a.device}:{a.task}": {"delta": np.array(a.delta, np.float32), "seconds": a.seconds,
+                                 "nbytes": int(a.msg.nbytes), "src": int(a.msg.src)}
+        for a in (x[0] if isinstance(x, tuple) else x for x in buf)
+    }  # fmt: skip
+    return fl
+
+
+def _message_state(m: Any) -> dict:
+    return {"kind": int(m.kind), "src": int(m.src), "device": int(m.device), "seq": int(m.seq),
+            "round": int(m.round), "aux": [float(x) for x in m.aux], "nbytes": int(m.nbytes),
+            "payload": np.array(m.payload) if m.payload is not None else None}  # fmt: skip
+
+
+def resume_flight(core: Any) -> Any:
+    """A resume whose checkpoint was taken at an apply: put the tasks in flight back (their
+    clock events as they were, their TRAINs sent again with the model version each started
+    from) and return the decision the interrupted run was carrying out; None otherwise
+    (the policy then starts afresh)."""
+    from ..comm import Kind
+    from ..comm.wire import Message
+    from ..policies.consistency import Decision
+    from .protocol import CONTINUE, REFRESH, unpack_flags
+
+    fl = getattr(core, "flight_state", None)
+    if not fl:
+        return None
+    core.inflight = {int(d): (int(v[0]), int(v[1]), float(v[2]))
+                     for d, v in json.loads(fl["inflight"]).items()}  # fmt: skip
+    sent = {int(d): (int(v[0]), tuple(float(x) for x in v[1:]))
+            for d, v in json.loads(fl["sent"]).items()}  # fmt: skip
+    core.online_pending = {int(d) for d in fl["online_pending"]}
+    core.refresh = {int(d): True for d in fl["refresh"]}
+    core.iter_time = {int(d): float(s) for d, s in json.loads(fl["iter_time"]).items()}
+    core.failed = {int(d): float(s) for d, s in json.loads(fl["failed"]).items()}
+    core.bases = {int(v): np.array(m, np.float32) for v, m in fl["bases"].items()}
+    core.base_refs = {}
+    for _task, base, _t0 in core.inflight.values():
+        core.base_refs[base] = core.base_refs.get(base, 0) + 1
+    for key, m in fl["pushes"].items():
+        d, t = (int(x) for x in key.split(":"))
+        core.pushes[(d, t)] = Message(Kind(m["kind"]), m["src"], m["device"], m["seq"],
+                                      m["round"], 0.0, tuple(m["aux"]), m["payload"],
+                                      m["nbytes"])  # fmt: skip
+    _restore_buffer(core, fl.get("buffered", {}))
+    if core.virtual:
+        import heapq
+
+        heap = [(float(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]))
+                for r in np.asarray(fl["heap"]).reshape(-1, 6)]  # fmt: skip
+        heapq.heapify(heap)
+        core.ev.heap, core.ev.n = heap, int(fl["heap_n"])
+        waiting = {(e[2], e[3]) for e in heap if e[1] == 0}  # (ARRIVE)
+    else:
+        waiting = {(d, v[0]) for d, v in sent.items()}
+        core.ev.expected |= waiting
+    models_sent: set[tuple[int, int]] = set()
+    for d in sorted(core.inflight):
+        task, aux = sent.get(d, (None, ()))
+        if (d, task) not in waiting:
+            continue  # lost on the way (nothing was sent) or its upload is held here
+        rank = core.devices[d]["rank"]
+        flags, _arg = unpack_flags(int(aux[3]))
+        version = int(aux[0])
+        if not (flags & CONTINUE and not flags & REFRESH) and (rank, version) not in models_sent:
+            core.t.send(rank, Kind.MODEL, round=version, payload=core.bases[version])
+            models_sent.add((rank, version))
+        core.send_task(d, task, aux)
+    p = json.loads(fl["pending"])
+    timer = tuple(p["timer"]) if p["timer"] else None
+    return Decision(dispatch=list(p["dispatch"]), dropped=list(p["dropped"]), timer=timer)
+
+
+def _restore_buffer(core: Any, buffered: dict) -> None:
+    """The policy's buffered updates (FedBuff), with their deltas."""
+    if not buffered or not hasattr(core.policy, "buffered_tasks"):
+        return
+    from ..comm import Kind
+    from ..comm.wire import Message
+
+    deltas = {tuple(int(x) for x in k.split(":")): np.array(v["delta"], np.float32)
+              for k, v in buffered.items()}  # fmt: skip
+    core.policy.load_state_dict(json.loads(core.flight_policy), deltas=deltas)
+    for a, _s in core.policy.buffer:
+        v = buffered[f"{a.device}:{a.task}"]
+        a.seconds = float(v["seconds"])  # type: ignore[attr-defined]
+        a.msg = Message(Kind.UPDATE, int(v["src"]), a.device, nbytes=int(v["nbytes"]))  # type: ignore[attr-defined]

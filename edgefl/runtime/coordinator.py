@@ -87,6 +87,7 @@ class Coordinator:
         self.start_time = 0.0  # clock seconds at the start (non-zero when resuming)
         self.history: list[dict] = []
         self.stopped = ""
+        self.interrupted = False  # stopped to be resumed (not the end of training)
         self.exit_status = 0
         self.version = 0
         self.plugins: list[CoordinatorPlugin] = []
@@ -159,7 +160,8 @@ class Coordinator:
         self.tasks = {d: 0 for d in self.devices}
         self.rank_version: dict[int, int] = {}
         self.online_pending: set[int] = set()
-        self.bases: dict[int, np.ndarray] = {}  # version -> model (FedAsync only)
+        self.bases: dict[int, np.ndarray] = {}  # version -> model of tasks still out
+        self.keep_bases = self.policy.name == "fedasync" or self.out_dir is not None
         self.base_refs: dict[int, int] = {}
         self.staleness: dict[int, int] = {}
         self.lost_tasks = 0
@@ -177,6 +179,9 @@ class Coordinator:
         self.iter_time: dict[int, float] = {}
         self.n_train = {d: v["samples"] for d, v in self.devices.items()}  # plugins may cut
         self.plugins = coordinator_plugins(self)
+        self.worker_state = self.worker_state or self.gated  # (gated: local models)
+        self.sent: dict[int, tuple[int, tuple]] = {}  # device -> (its latest task, TRAIN aux)
+        self.pending: Decision | None = None  # what the run does after the apply under way
         base = CoordinatorPlugin.on_device_dead
         self._dead_hooks = [p for p in self.plugins if type(p).on_device_dead is not base]
         self._owners = {k: p for p in self.plugins for k in (*p.update_kinds, *p.message_kinds)}
@@ -243,9 +248,7 @@ class Coordinator:
         task = self.next_task(d)
         self._book_download(d)
         self.inflight[d] = (task, self.version, now)
-        if self.policy.name == "fedasync":
-            self.bases.setdefault(self.version, self.global_model.copy())
-            self.base_refs[self.version] = self.base_refs.get(self.version, 0) + 1
+        self._hold_base()
         self.log_event("dispatch", now, d, task)
         spec = self._spec(d, 0)
         if not self._plan(d, task, now, spec, download=True):
@@ -260,7 +263,10 @@ class Coordinator:
         _first, base, t0 = self.inflight[d]
         refresh = self.refresh.pop(d, False)
         if refresh:
+            if base in self.base_refs:
+                self.base_refs[base] -= 1
             base = self.version
+            self._hold_base()
             self._book_download(d)
         self.inflight[d] = (task, base, t0)
         spec = self._spec(d, CONTINUE | REFRESH if refresh else CONTINUE)
@@ -271,6 +277,13 @@ class Coordinator:
         else:
             self.control_msgs += 1
         self._send_train(d, task, now, spec)
+
+    def _hold_base(self) -> None:
+        """A task starts from the current version: keep a copy while it is out (FedAsync
+        mixes with it; a checkpoint sends it again to the task's rank on resume)."""
+        if self.keep_bases:
+            self.bases.setdefault(self.version, self.global_model.copy())
+            self.base_refs[self.version] = self.base_refs.get(self.version, 0) + 1
 
     def _book_download(self, d: int) -> None:
         """Device ``d`` downloads the current model: count its bytes and 2 messages."""
@@ -315,6 +328,7 @@ class Coordinator:
         """A TRAIN to ``d``'s rank; with time-out detection its rank now owes an answer."""
         rank = self.devices[d]["rank"]
         self.t.send(rank, Kind.TRAIN, device=d, round=task, vtime=now, aux=aux)
+        self.sent[d] = (task, aux)
         if self.t.liveness is not None:
             self.owed[rank] = self.owed.get(rank, 0) + 1
             self.t.liveness.expect(rank, time.monotonic() + self.cfg["comm"]["failure_timeout_s"])
@@ -371,7 +385,9 @@ class Coordinator:
     # -- model changes ----------------------------------------------------------------------
     def _execute(self, dec: Decision, now: float) -> None:
         if dec.apply is not None:
+            self.pending = dec  # (a checkpoint of the new version records what follows)
             self._apply(dec.apply, now)
+            self.pending = None
             dec = self.server.rerun(dec)  # a failed-over round starts again
         if dec.timer is not None:
             self.ev.schedule(dec.timer[0], TIMER, token=dec.timer[1])
@@ -416,7 +432,8 @@ class Coordinator:
             self.bases.pop(v, None)
             del self.base_refs[v]
         for a in arr:
-            self.t.release(a.msg)  # type: ignore[attr-defined]
+            if getattr(a, "msg", None) is not None:
+                self.t.release(a.msg)  # type: ignore[attr-defined]
         if self.t_failure is not None:
             self.recovery_s.append(time.monotonic() - self.t_failure)
             self.progress_after_failure_unix.append(time.time())
@@ -454,6 +471,7 @@ class Coordinator:
             self.stopped = f"target accuracy {target} reached at round {r}"
         elif stop_at and r == stop_at and r < cfg["run"]["rounds"]:
             self.stopped = f"debug.stop_after_round = {stop_at}"
+            self.interrupted = True
         self.server.after_row(row["wall_time_s"], now)
         every = cfg["run"]["checkpoint_every"]
         final = r >= cfg["run"]["rounds"] or bool(self.stopped)
@@ -590,6 +608,7 @@ class Coordinator:
         self.ev.handlers = {k: p.on_message for p in self.plugins for k in p.message_kinds}
         self.ev.update_kinds = {Kind.UPDATE, Kind.REPORT, *self._update_kinds()}
         self.server.start()
+        self._first = checkpointing.resume_flight(self)  # (a resume: tasks in flight)
         if out is not None and cfg["sim"]["event_log"]:
             mode = "a" if self.resume is not None else "w"
             self.events_log = open(out / "events.jsonl", mode, encoding="utf-8")  # noqa: SIM115
@@ -615,7 +634,8 @@ class Coordinator:
 
     def _loop(self, rounds: int) -> None:
         max_t = self.cfg["run"]["max_virtual_s"]
-        self._execute(self.policy.start(self.ev.now, self.available), self.ev.now)
+        first = self._first or self.policy.start(self.ev.now, self.available)
+        self._execute(first, self.ev.now)
         while self.version < rounds and not self.stopped:
             ev = self.ev.next()
             if ev is None:
@@ -701,8 +721,8 @@ class Coordinator:
         filter) sends it; it is applied with the devices' FedAvg weights, so nothing
         produced is lost. Updates of tasks still out count too."""
         flushing = [(p, d) for p in self.plugins for d in p.flush_devices()]
-        if not flushing:
-            return
+        if not flushing or self.interrupted:
+            return  # (an interrupted run is resumed later: it holds on to its residuals)
         now = self.ev.now
         got: list[Arrival] = []
         if self.virtual:

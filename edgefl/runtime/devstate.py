@@ -20,8 +20,6 @@ from ..ckpt.plan import Node, plan_state, rebuild_state
 from ..comm import Kind
 from ..errors import EdgeflError
 
-ASK = np.frombuffer(b"?", np.uint8)  # the request's payload
-
 
 def encode(state: dict[str, Any]) -> np.ndarray:
     """``state`` (a checkpointable nested dict) as uint8 bytes: 8-byte directory length,
@@ -75,8 +73,13 @@ def collect(core: Any) -> dict[str, dict[str, dict]]:
         return {}
     t = core.t
     ranks = sorted({v["rank"] for v in core.devices.values()} - set(t.failed))
+    # a device with a task in flight answers with its state from before that task (the
+    # resumed run re-runs the task)
+    before = {str(d): int(v[0]) for d, v in core.inflight.items()
+              if (d, v[0]) not in core.pushes}  # (a held upload is not re-run)  # fmt: skip
+    ask = encode({"ask": {"before": before}})
     for r in ranks:
-        t.send(r, Kind.STATE, payload=ASK)
+        t.send(r, Kind.STATE, payload=ask)
     out: dict[str, dict[str, dict]] = {}
     waiting = set(ranks)
     limit = core.cfg["comm"]["failure_timeout_s"] or core.cfg["comm"]["register_timeout_s"]
@@ -121,28 +124,54 @@ def restore(core: Any, saved: dict[str, dict[str, dict]]) -> None:
                 rank = core.devices[int(d)]["rank"]
                 by_rank.setdefault(rank, {}).setdefault(name, {})[str(d)] = st
     for rank, state in sorted(by_rank.items()):
-        core.t.send(rank, Kind.STATE, payload=encode(state))
+        core.t.send(rank, Kind.STATE, payload=encode({"load": state}))
 
 
 # -- worker ranks ---------------------------------------------------------------------------
+RUNTIME = "runtime"  # the worker core's own per-device state (a gated device's local model)
+
+
+def snapshot(worker: Any, d: int) -> np.ndarray:
+    """Device ``d``'s state now, encoded (taken when a task starts: its "before" state)."""
+    return encode(device_state(worker, d))
+
+
+def device_state(worker: Any, d: int) -> dict[str, dict]:
+    """``{plugin: state}`` of device ``d`` (plugins without state left out)."""
+    out = {p.name: p.device_state(d) for p in worker.plugins}
+    out[RUNTIME] = worker.local_state_dict(d)
+    return {k: v for k, v in out.items() if v}
+
+
 def answer(worker: Any, msg: Any) -> None:
-    """A STATE from rank 0: ``b"?"`` asks for this rank's devices' state; anything else is
-    saved state to load (every device's, before its first task)."""
-    if msg.payload.size == 1 and msg.payload[0] == ASK[0]:
+    """A STATE from rank 0: ``{"ask": {"before": {device: task}}}`` asks for this rank's
+    devices' state (a device whose task ``before[d]`` already started answers with the
+    state it had when it started it); ``{"load": {plugin: {device: state}}}`` is saved
+    state to load (a resume, before any task)."""
+    try:
+        got = decode(msg.payload)
+    except ValueError as e:
+        raise EdgeflError(f"rank {worker.rank}: STATE from rank 0: {e}") from None
+    if "ask" in got:
+        before = {int(d): int(t) for d, t in got["ask"].get("before", {}).items()}
         state: dict[str, dict] = {}
-        for p in worker.plugins:
-            devs = {str(d): p.device_state(d) for d in worker.devices}
-            devs = {d: s for d, s in devs.items() if s}
-            if devs:
-                state[p.name] = devs
+        for d in worker.devices:
+            snap = worker.snapshots.get(d)
+            if d in before and snap is not None and snap[0] == before[d]:
+                per = decode(snap[1])
+            else:
+                per = device_state(worker, d)
+            for name, st in per.items():
+                state.setdefault(name, {})[str(d)] = st
         worker.t.send(0, Kind.STATE, payload=encode(state))
         return
-    try:
-        saved = decode(msg.payload)
-    except ValueError as e:
-        raise EdgeflError(f"rank {worker.rank}: the resumed device state: {e}") from None
-    for p in worker.plugins:
-        for d, st in saved.get(p.name, {}).items():
+    saved = got.get("load", {})
+    halves = {p.name: p for p in worker.plugins}
+    for name, devs in saved.items():
+        for d, st in devs.items():
             if int(d) not in worker.devices:
                 raise EdgeflError(f"rank {worker.rank}: resumed state of device {d} it lacks")
-            p.load_device_state(int(d), st)
+            if name == RUNTIME:
+                worker.load_local_state(int(d), st)
+            elif name in halves:
+                halves[name].load_device_state(int(d), st)

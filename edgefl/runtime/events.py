@@ -8,7 +8,7 @@ Both sources hand the coordinator one :class:`Event` at a time, in time order.
   for an arrival it then waits (in real time) for that very update to come in, keeping any
   other update that arrives first for later. No device can produce an earlier event than
   the one taken, because every busy device's next event is already in the heap: this is
-  the conservative rule of DESIGN section 4, and why the event order, and so the model,
+  the conservative rule (docs/architecture.md, Clocks), and why the event order, and so the model,
   never depend on how fast the ranks really are.
 - :class:`WallEvents` (``edgefl run``): arrivals are processed as they come; timers fire
   at their wall time.

@@ -48,7 +48,8 @@ def checkpoint_state(
     metrics: list[dict],
     wall_time_s: float,
 ) -> dict:
-    """Everything a resume needs (DESIGN §5), as a nested dict for :mod:`edgefl.ckpt`."""
+    """Everything a resume needs (docs/architecture.md, Checkpoints), as a nested dict for
+    :mod:`edgefl.ckpt`."""
     return {
         "round": int(round_),
         "config_toml": dump_config(cfg),

@@ -93,6 +93,11 @@ class Worker:
         if self.client is not None:
             self._handlers.update({k: self.client.on_message for k in self.client.message_kinds})
         self._handlers[Kind.STATE] = lambda msg: devstate.answer(self, msg)
+        # each device's state when its latest task started (a checkpoint taken while the
+        # task is in flight holds this "before" state): device -> (task, encoded state)
+        self.snapshots: dict[int, tuple[int, np.ndarray]] = {}
+        base = WorkerPlugin.device_state
+        self._snap = self.gated or any(type(p).device_state is not base for p in self.plugins)
 
     def buffer(self) -> np.ndarray:
         """A model-sized float32 buffer (recycled)."""
@@ -260,6 +265,8 @@ class Worker:
                 self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux,
                             payload=np.zeros(self.global_model.size, np.float32))  # fmt: skip
             return
+        if self._snap:
+            self.snapshots[device] = (task, devstate.snapshot(self, device))
         self.debug.before_task()
         dev = self.torch_dev[device]
         model, flat = self.model_on(dev)
@@ -312,6 +319,24 @@ class Worker:
                 self.local[device] = st
                 self._hook("new_model", device)
         return st
+
+    def local_state_dict(self, d: int) -> dict:
+        """A gated device's local model between pushes (for checkpoints; {} if none)."""
+        st = self.local.get(d)
+        if st is None:
+            return {}
+        return {"base": st.base, "iterations": st.iterations, "params": st.params.copy(),
+                "start": self.versions[st.base].copy()}  # fmt: skip
+
+    def load_local_state(self, d: int, state: dict) -> None:
+        """Restore :meth:`local_state_dict` (a resume)."""
+        st = _LocalState(int(state["base"]), np.array(state["params"], np.float32))
+        st.iterations = int(state["iterations"])
+        self.local[d] = st
+        if st.base not in self.versions:
+            buf = self.buffer()
+            np.copyto(buf, state["start"])
+            self.versions[st.base] = buf
 
     def _local_train(self, job: LocalJob, task: int, device: int) -> float:
         c = self.cfg["train"]

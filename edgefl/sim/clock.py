@@ -2,7 +2,7 @@
 
 Pure functions of (profile, run seed, device, task number, dispatch time, bytes, samples):
 no wall-clock reading anywhere, so the same config and seed give the same times on any
-machine under any load (DESIGN section 4). The coordinator plans every task when it
+machine under any load (docs/architecture.md, Clocks). The coordinator plans every task when it
 dispatches it; a task that would cross the device going offline or crashing is *lost* at
 that moment (its work is not run at all).
 """

@@ -264,6 +264,20 @@ class KeyCache:
         """Forget everything."""
         self._d.clear()
 
+    def state_dict(self) -> dict[str, Any]:
+        """The lists and their hashes, least recently used first (for checkpoints)."""
+        hs = list(self._d)
+        return {
+            "hashes": np.frombuffer(b"".join(hs), np.uint8).reshape(-1, HASH_BYTES).copy(),
+            "lists": {str(i): np.array(self._d[h]) for i, h in enumerate(hs)},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (replacing what is held)."""
+        self._d.clear()
+        for i, h in enumerate(np.asarray(state["hashes"], np.uint8).reshape(-1, HASH_BYTES)):
+            self._d[bytes(h)] = np.array(state["lists"][str(i)])
+
 
 def _check_space(space: int) -> int:
     if isinstance(space, bool) or not isinstance(space, int | np.integer):

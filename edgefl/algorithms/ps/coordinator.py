@@ -96,7 +96,9 @@ class PSCoordinator(CoordinatorPlugin):
                  full)  # fmt: skip
 
     def on_start(self) -> None:
-        for d, up in sorted(self.ws_up.items()):  # WORKSET uploads (after a resume's totals)
+        if self.core.resume is not None:
+            return  # (the resumed totals hold the first run's WORKSET uploads)
+        for d, up in sorted(self.ws_up.items()):  # WORKSET uploads
             self.core.book_up(d, up)
 
     def send_model(self, rank: int) -> bool:
@@ -215,7 +217,9 @@ class PSCoordinator(CoordinatorPlugin):
         mass = {str(d): np.array(m, np.float64) for d, m in sorted(self.mass.items())}
         return {"resends": self.resends, "mass": mass, "kkt": list(self.kkt),
                 "flushed_abs": self.flushed_abs,
-                "decoders": [int(d) for d in sorted(self.decoders)]}  # fmt: skip
+                "decoders": [int(d) for d in sorted(self.decoders)],
+                "caches": {str(d): dec.cache.state_dict()
+                           for d, dec in sorted(self.decoders.items())}}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.resends = int(state.get("resends", 0))
@@ -223,4 +227,6 @@ class PSCoordinator(CoordinatorPlugin):
         self.kkt = [int(x) for x in state.get("kkt", [0, 0])]
         self.flushed_abs = float(state.get("flushed_abs", 0.0))
         for d in state.get("decoders", []):  # (so the end's flush asks these devices)
-            self._decoder(int(d))
+            dec = self._decoder(int(d))
+            if str(d) in state.get("caches", {}):
+                dec.cache.load_state_dict(state["caches"][str(d)])

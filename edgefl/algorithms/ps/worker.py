@@ -235,7 +235,8 @@ class PSWorker(WorkerPlugin):
             return {}
         kkt = [f for f in self.filters[d].filters if f.name == "kkt"]
         return {"filters": self.filters[d].state_dict(), "produced": self.produced.get(d, 0.0),
-                "kkt": [[int(f.skipped), int(f.seen)] for f in kkt]}  # fmt: skip
+                "kkt": [[int(f.skipped), int(f.seen)] for f in kkt],
+                "cache": self.encoders[d].cache.state_dict()}  # fmt: skip
 
     def load_device_state(self, d: int, state: dict) -> None:
         if "filters" not in state:
@@ -243,6 +244,8 @@ class PSWorker(WorkerPlugin):
         self._setup_device(d, self.core.task.flat.numel)
         self.filters[d].load_state_dict(state["filters"])
         self.produced[d] = float(state.get("produced", 0.0))
+        if "cache" in state:
+            self.encoders[d].cache.load_state_dict(state["cache"])
         kkt = [f for f in self.filters[d].filters if f.name == "kkt"]
         for f, (skipped, seen) in zip(kkt, state.get("kkt", [])):
             f.skipped, f.seen = skipped, seen
