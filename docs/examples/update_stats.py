@@ -90,12 +90,12 @@ class UpdateStatsCoordinator(CoordinatorPlugin):
 
     def state_dict(self) -> dict:
         # saved in every checkpoint under plugins/update_stats/state: str keys; leaves are
-        # numbers, strings, lists or numpy arrays (no inf: store "no value yet" as -1)
+        # numbers, str, bool, None, lists of those, or numpy arrays (no tuples, no int keys)
         return {
             "updates": self.updates,
             "over": self.over,
             "sum_norm": self.sum_norm,
-            "min_norm": self.min_norm if self.updates else -1.0,
+            "min_norm": self.min_norm,
             "max_norm": self.max_norm,
             "devices": {d: dict(v) for d, v in self.devices.items()},
         }
@@ -104,7 +104,7 @@ class UpdateStatsCoordinator(CoordinatorPlugin):
         self.updates = int(state["updates"])
         self.over = int(state["over"])
         self.sum_norm = float(state["sum_norm"])
-        self.min_norm = float(state["min_norm"]) if self.updates else math.inf
+        self.min_norm = float(state["min_norm"])
         self.max_norm = float(state["max_norm"])
         self.devices = {d: dict(v) for d, v in state.get("devices", {}).items()}
 
@@ -117,7 +117,9 @@ class UpdateStatsWorker(WorkerPlugin):
         self.tasks = {d: 0 for d in core.devices}  # this rank's devices
 
     def on_register(self, info: dict) -> None:
-        # one JSON-able entry in this rank's REGISTER message, under the plugin's name
+        # one JSON-able entry in this rank's REGISTER message, under the plugin's name.
+        # (Rank 0 reads the core's fields of a REGISTER; it keeps no copy of the extra ones
+        # for the coordinator halves today, so this only shows the hook.)
         info[self.name] = {"devices": len(self.core.devices), "format": 1}
 
     def before_train(self, d: int, job) -> None:

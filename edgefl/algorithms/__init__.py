@@ -43,6 +43,10 @@ def _import(spec: str, where: str) -> type[Plugin]:
         raise ConfigError(f"config key '{where}': cannot import {mod!r}: {e}") from None
     except AttributeError:
         raise ConfigError(f"config key '{where}': module {mod!r} has no {name!r}") from None
+    except Exception as e:  # a plugin module that fails while importing: one line
+        raise ConfigError(
+            f"config key '{where}': importing {mod!r} failed: {type(e).__name__}: {e}"
+        ) from None
     if not (isinstance(obj, type) and issubclass(obj, Plugin)):
         raise ConfigError(
             f"config key '{where}': {spec!r} is not a subclass of edgefl.algorithms.Plugin"
@@ -64,7 +68,35 @@ def load(cfg: dict) -> list[type[Plugin]]:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"config key 'algorithm.plugins': plugin name(s) {dup} used twice")
+    if RESERVED & set(names):
+        raise ConfigError(
+            f"config key 'algorithm.plugins': plugin name(s) {sorted(RESERVED & set(names))} "
+            "are reserved for the runtime"
+        )
+    _check_kinds(out)
     return out
+
+
+RESERVED = frozenset({"runtime"})  # names the runtime's own checkpoint entries use
+
+
+def _check_kinds(classes: list[type[Plugin]]) -> None:
+    """Two plugins must not handle the same message kind (one would silently win)."""
+    seen: dict[tuple[bool, int], str] = {}
+    for c in classes:
+        for half in (c.coordinator, c.worker):
+            if half is None:
+                continue
+            kinds = (*getattr(half, "update_kinds", ()), *half.message_kinds)
+            for k in kinds:
+                key = (half is c.worker, int(k))
+                other = seen.get(key)
+                if other is not None and other != c.name:
+                    raise ConfigError(
+                        f"config key 'algorithm.plugins': plugins '{other}' and '{c.name}' "
+                        f"both handle message kind {k!r}"
+                    )
+                seen[key] = c.name
 
 
 def check_config(cfg: dict) -> None:

@@ -19,7 +19,9 @@ Coordinator hooks, in the order the core calls them during a run:
 =========================  ============================================================
 ``check_config(cfg)``      classmethod; raise :class:`~edgefl.errors.ConfigError` naming
                            the key for a bad or unsupported value (before any rank starts)
-``on_registered()``        every worker rank registered (may exchange messages)
+``on_registered()``        every worker rank registered (may exchange messages); each
+                           rank's REGISTER, with its ``on_register`` fields, is in
+                           ``core.rank_info[rank]``
 ``on_start()``             before the first task is dispatched (fresh run and resume)
 ``shape_task(d, spec)``    edit the :class:`TaskSpec` of a task before its TRAIN is sent
 ``send_model(rank)``       send the current model to ``rank`` yourself; True if done
@@ -28,6 +30,7 @@ Coordinator hooks, in the order the core calls them during a run:
 ``decode(d, task, msg)``   an update of a kind listed in ``update_kinds``: (dense delta
                            or None, rejection reason, the message finally used)
 ``on_iteration(d, s)``     a local iteration of ``d`` took ``s`` seconds (pushed or not)
+``on_arrival(arrival)``    an update was accepted (decoded, checked) and goes to the policy
 ``transform(apply)``       filter/replace the arrivals of a model change (returns Apply)
 ``aggregate(apply)``       the step to apply (float32 vector) instead of the aggregator's
 ``on_model_step(apply)``   after the step, before the version counts (same version)
@@ -35,7 +38,8 @@ Coordinator hooks, in the order the core calls them during a run:
 ``on_device_dead(d, t)``   device ``d`` is dead (crash or its rank failed)
 ``flush_devices()``        end of training: devices whose worker half holds mass to flush
 ``on_flushed(d, arrival)`` one device's final flush arrived
-``summary()``              a dict for summary.json under the plugin's name (or None)
+``summary()``              summary.json keys to add, by convention ``{name: {...}}`` (a key
+                           the core writes itself is refused with a warning)
 ``state_dict()``           what a resume needs; saved in every checkpoint under the name
 ``load_state_dict(st)``    restore it (called after :meth:`on_registered` on resume)
 =========================  ============================================================
@@ -146,6 +150,8 @@ class CoordinatorPlugin:
         return msg.payload, "", msg
 
     def on_iteration(self, d: int, seconds: float) -> None: ...
+
+    def on_arrival(self, arrival: Arrival) -> None: ...
 
     def transform(self, ap: Apply) -> Apply:
         return ap

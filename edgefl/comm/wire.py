@@ -44,7 +44,8 @@ class Kind(enum.IntEnum):
     REGISTER = 1  # up: JSON (uint8) describing the devices a rank hosts
     MODEL = 2  # down: the global model (float32, model size), device -1 = whole rank
     TRAIN = 3  # down: run task `round` of `device`; aux = (version, samples D, batch b, flags)
-    UPDATE = 4  # up: model delta (float32, model size); aux = (samples, loss, seconds, version)
+    UPDATE = 4  # up: model delta (float32, model size); aux = (samples, loss, seconds,
+    #   local iterations since the device last got the global model)
     STOP = 5  # down: finish; aux[0] = exit status the worker should return
     ERROR = 6  # up: UTF-8 text (uint8) of a fatal worker-side error
     ORDER = 7  # down: next-epoch example order (int32) for `device`
@@ -71,9 +72,9 @@ class Kind(enum.IntEnum):
     SHARD_OWNERS = 22  # both: rank 0 -> shards and workers after a shard failed: the owner
     #   rank of every range (float64), version `round` is current, aux0 = owner-map epoch;
     #   shard -> rank 0: the answer, float64 [1 = holds version `round` of its ranges, 0 not]
-    STATE = 23  # both (uint8, runtime.devstate encoding): rank 0 -> worker: b"?" = send your
-    #   devices' plugin state (a checkpoint is being written), else the saved state to load
-    #   (resume); worker -> rank 0: its devices' state. device = -1 (the devices are inside)
+    STATE = 23  # both (uint8, runtime.devstate encoding): rank 0 -> worker: {"ask": ...} =
+    #   send your devices' plugin state (a checkpoint is being written) or {"load": ...} =
+    #   the saved state (resume); worker -> rank 0: its devices' state; device = -1
 
 
 class DType(enum.IntEnum):

@@ -192,15 +192,20 @@ def resume_flight(core: Any) -> Any:
     else:
         waiting = {(d, v[0]) for d, v in sent.items()}
         core.ev.expected |= waiting
-    models_sent: set[tuple[int, int]] = set()
+    # per rank in ascending model version: each version's MODEL just before the TRAINs that
+    # start from it (a worker keeps the newest version it holds and those its queued tasks
+    # name, so no version is dropped before its TRAIN arrives)
+    again = []
     for d in sorted(core.inflight):
         task, aux = sent.get(d, (None, ()))
         if (d, task) not in waiting:
             continue  # lost on the way (nothing was sent) or its upload is held here
-        rank = core.devices[d]["rank"]
         flags, _arg = unpack_flags(int(aux[3]))
-        version = int(aux[0])
-        if not (flags & CONTINUE and not flags & REFRESH) and (rank, version) not in models_sent:
+        fresh = not (flags & CONTINUE and not flags & REFRESH)  # starts from model aux[0]
+        again.append((core.devices[d]["rank"], int(aux[0]), d, task, aux, fresh))
+    models_sent: set[tuple[int, int]] = set()
+    for rank, version, d, task, aux, fresh in sorted(again):
+        if fresh and (rank, version) not in models_sent:
             core.t.send(rank, Kind.MODEL, round=version, payload=core.bases[version])
             models_sent.add((rank, version))
         core.send_task(d, task, aux)

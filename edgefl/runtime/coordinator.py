@@ -23,9 +23,8 @@ from ..comm.wire import HEADER_BYTES
 from ..errors import EdgeflError
 from ..policies.consistency import Apply, Arrival, Decision, make_consistency
 from ..server import make_server
-from ..sim.clock import plan_task
 from ..sim.timeline import Timeline
-from . import checkpointing, summary
+from . import checkpointing, failures, flush, planning, registration, summary
 from .events import (
     ARRIVE,
     FAILED,
@@ -37,12 +36,10 @@ from .events import (
     VirtualEvents,
     WallEvents,
     WorkerFailed,
-    error_text,
 )
 from .output import MetricsLog, Progress
-from .placement import devices_of_rank
 from .policies import make_update_aggregator
-from .protocol import CONTINUE, FLUSH, REFRESH, pack_flags
+from .protocol import CONTINUE, REFRESH, pack_flags
 from .state import Task
 
 log = logging.getLogger("edgefl.coordinator")
@@ -82,6 +79,7 @@ class Coordinator:
         self.aggregator = make_update_aggregator(cfg, self.num_devices)
         self.server_opt = make_server_optimizer(cfg["server"])
         self.devices: dict[int, dict] = {}
+        self.rank_info: dict[int, dict] = {}  # rank -> its REGISTER (JSON)
         self.start_round = 0
         self.wall_offset = 0.0
         self.start_time = 0.0  # clock seconds at the start (non-zero when resuming)
@@ -94,45 +92,9 @@ class Coordinator:
 
     # -- set-up -----------------------------------------------------------------------------
     def register(self) -> None:
-        """Wait for every worker's REGISTER and check it hosts the expected devices; then
-        set up the run (policy, clocks, plugins) so that :meth:`restore` can load into it."""
-        timeout = self.cfg["comm"]["register_timeout_s"]
-        deadline = time.monotonic() + timeout
-        waiting = set(range(1, self.t.size))
-        while waiting:
-            if time.monotonic() > deadline:
-                raise EdgeflError(
-                    f"ranks {sorted(waiting)} did not register within {timeout} s "
-                    "(comm.register_timeout_s)"
-                )
-            for msg in self.t.poll(timeout=0.5):
-                if msg.kind == Kind.ERROR:
-                    raise WorkerFailed(error_text(msg))
-                if msg.kind != Kind.REGISTER:
-                    log.warning("ignoring %s from rank %d during registration", msg.kind.name,
-                                msg.src)  # fmt: skip
-                    continue
-                info = json.loads(bytes(msg.payload).decode("utf-8"))
-                if not self.server.register(msg.src, info):
-                    self._register_worker(msg.src, info)
-                waiting.discard(msg.src)
-        self._setup()
-        for p in self.plugins:
-            p.on_registered()
-
-    def _register_worker(self, rank: int, info: dict) -> None:
-        expect = devices_of_rank(rank, self.num_devices, self.t.size, self.server.servers)
-        got = [d["id"] for d in info["devices"]]
-        if got != expect:
-            raise EdgeflError(f"rank {rank} registered devices {got}, expected {expect}")
-        self.check_signature(rank, info)
-        for d in info["devices"]:
-            self.devices[d["id"]] = {
-                "rank": rank, "torch": d["torch"], "samples": int(d["samples"]), "rounds": 0,
-                "bytes_up": 0, "bytes_down": 0, "msgs_up": 0, "msgs_down": 0, "time_s": 0.0,
-                "requests": 0, "iterations": 0,
-            }  # fmt: skip
-        self.t.validator.hosted[rank] = frozenset(got)
+        """Wait for every rank's REGISTER, then set up the run (see
+        :func:`.registration.register`)."""
+        registration.register(self)
 
     def check_signature(self, rank: int, info: dict) -> None:
         """A registering rank must have built the same model layout as rank 0."""
@@ -187,35 +149,13 @@ class Coordinator:
         self._owners = {k: p for p in self.plugins for k in (*p.update_kinds, *p.message_kinds)}
 
     def _calibrate(self) -> float:
-        """Measure this machine's seconds per training sample once (sim.reference_s_per_sample
-        = 0); the figure goes into the checkpoints and summary.json."""
-        import copy
-
-        from ..sim.profiles import calibrate_reference
-
-        c = self.cfg["train"]
-        ref = calibrate_reference(
-            copy.deepcopy(self.task.model), self.task.data.train(0),
-            batch_size=c["batch_size"] or 32, steps=50, task=self.task.data.info.task,
-            lr=c["lr"],
-        )  # fmt: skip
-        log.warning("sim.reference_s_per_sample calibrated on this machine: %.3g s", ref)
-        return ref
+        return planning.calibrate(self)
 
     def restore(self) -> None:
         """Continue from the checkpoint given to the constructor (after :meth:`register`)."""
         checkpointing.restore(self, self.resume)
 
     # -- tasks ------------------------------------------------------------------------------
-    def _work(self, d: int, spec: TaskSpec) -> int:
-        """Training samples one iteration of device ``d`` processes."""
-        c = self.cfg["train"]
-        n = min(self.n_train[d], spec.samples or self.n_train[d])
-        batch = spec.batch or c["batch_size"]
-        if c["local_steps"]:
-            return c["local_steps"] * (batch or n)
-        return c["local_epochs"] * n
-
     def available(self, d: int) -> bool:
         """May device ``d`` start a task now (alive, idle, online)?"""
         if d in self.inflight or d in self.failed:
@@ -343,38 +283,10 @@ class Coordinator:
             self.t.liveness.satisfied(msg.src)
 
     def _plan(self, d: int, task: int, now: float, spec: TaskSpec, download: bool) -> bool:
-        """Plan an iteration on the virtual clock (no-op on the wall clock); False if it
-        is lost (the device goes offline or dies first: nothing is sent)."""
-        if not self.virtual:
-            self.ev.schedule(0.0, ARRIVE, d, task)
-            return True
-        up = self.server.upload_header_bytes() + self.global_model.nbytes
-        plan = plan_task(
-            self.profiles[d], self.cfg["seed"], d, task, now, self.down_bytes(d), up,
-            self._work(d, spec), self.ref_s, download=download, upload=not self.gated,
-        )  # fmt: skip
-        for state, a, b in plan.intervals():
-            self.timeline.add(d, state, a, b)
-        self.iter_time[d] = plan.compute_end - plan.model_at
-        if plan.lost:
-            self.ev.schedule(plan.lost_at, LOST, d, task)
-            return False
-        self.ev.schedule(plan.arrive, ARRIVE, d, task)
-        return True
+        return planning.plan(self, d, task, now, spec, download)
 
     def _plan_push(self, d: int, task: int, now: float, msg: Message) -> None:
-        """A gated device pushes at ``now``: its update arrives after the upload."""
-        prof = self.profiles[d]
-        arrive = now + prof.up_s(HEADER_BYTES + msg.nbytes)
-        seed = self.cfg["seed"]
-        cut = min(prof.failure.crash_time(seed, d), prof.availability.online_until(now, seed, d))
-        self.timeline.add(d, "upload", now, min(arrive, cut))
-        if cut < arrive:
-            self.t.release(msg)
-            self.ev.schedule(cut, LOST, d, task)
-            return
-        self.pushes[(d, task)] = msg
-        self.ev.schedule(arrive, PUSH, d, task)
+        return planning.plan_push(self, d, task, now, msg)
 
     def task_done(self, d: int) -> tuple[int, int, float]:
         task, base, t0 = self.inflight.pop(d)
@@ -451,32 +363,7 @@ class Coordinator:
             self.events_log.write(json.dumps(rec) + "\n")
 
     def _row(self, arr: list[Arrival], now: float) -> None:
-        cfg = self.cfg
-        r = self.version
-        row = summary.round_row(self, arr, now)
-        if self.gated:  # the pushes (major updates) this version applied
-            row["major_updates"] = sorted(a.device for a in arr)
-        self.period = summary.new_period()
-        row["wall_time_s"] = time.monotonic() - self._t0
-        row["devices"] = {
-            str(a.device): {"bytes_up": HEADER_BYTES + a.msg.nbytes, "msgs_up": 1,  # type: ignore[attr-defined]
-                            "time_s": a.seconds}  # type: ignore[attr-defined]
-            for a in arr
-        }  # fmt: skip
-        self.metrics.append(row)
-        self.progress.update(row)
-        target = cfg["run"]["target_accuracy"]
-        stop_at = cfg["debug"]["stop_after_round"]
-        if target > 0 and row.get("test_accuracy", 0.0) >= target:
-            self.stopped = f"target accuracy {target} reached at round {r}"
-        elif stop_at and r == stop_at and r < cfg["run"]["rounds"]:
-            self.stopped = f"debug.stop_after_round = {stop_at}"
-            self.interrupted = True
-        self.server.after_row(row["wall_time_s"], now)
-        every = cfg["run"]["checkpoint_every"]
-        final = r >= cfg["run"]["rounds"] or bool(self.stopped)
-        if self.out_dir is not None and ((every and r % every == 0) or final):
-            self.checkpoint(r, self.metrics.rows, row["wall_time_s"], now)
+        return summary.record_row(self, arr, now)
 
     def checkpoint(self, round_: int, rows: list[dict], wall: float, now: float) -> Path:
         """Write checkpoint ``round_`` (core state, every plugin's state under its name)."""
@@ -484,54 +371,10 @@ class Coordinator:
 
     # -- failures ---------------------------------------------------------------------------
     def _rank_failed(self, rank: int, now: float) -> Decision:
-        """A rank died (ULFM or time-out): a server rank goes to the backend; a worker's
-        devices are dead from ``now``, their tasks lost. Returns the policy's decision."""
-        handled = self.server.rank_failed(rank, now)
-        if handled is not None:
-            return handled
-        if rank == 0 or rank not in self.workers:
-            return Decision()
-        self.failed_ranks[rank] = now
-        self.t_failure = time.monotonic()
-        devs = [d for d, v in sorted(self.devices.items()) if v["rank"] == rank]
-        log.warning("rank %d failed at %.3f s: its devices %s are dead", rank, now, devs)
-        print(f"edgefl: rank {rank} failed; devices {devs} are dead; going on", flush=True)
-        self.log_event("failed", now, -1, -1, rank=rank)
-        dec = Decision()
-        for d in devs:
-            if d in self.failed:
-                continue
-            self.failed[d] = now
-            if d in self.inflight:
-                task = self.inflight[d][0]
-                self.ev.cancel(d, task)
-                self.pushes.pop((d, task), None)
-                self.task_done(d)
-                self.lost_tasks += 1
-                nxt = self.policy.lost(d, now, self.available)
-                dec.apply = dec.apply or nxt.apply
-                dec.dispatch += nxt.dispatch
-                dec.dropped += nxt.dropped
-                dec.timer = dec.timer or nxt.timer
-            for p in self._dead_hooks:
-                p.on_device_dead(d, now)
-        if self.cfg["fleet"]["on_failure"] == "stop":
-            self.stopped = f"rank {rank} failed (fleet.on_failure = stop)"
-            self.exit_status = 3
-            self.checkpoint(self.version, self.metrics.rows, time.monotonic() - self._t0, now)
-            return Decision()  # stop where the checkpoint stands: nothing more is applied
-        return dec
+        return failures.rank_failed(self, rank, now)
 
     def _dead(self, d: int, now: float) -> bool:
-        """Has device ``d`` died (crashed) by ``now``? (virtual clock: from its profile)"""
-        if d in self.failed:
-            return True
-        if self.virtual:
-            crash = self.profiles[d].failure.crash_time(self.cfg["seed"], d)
-            if crash <= now:
-                self.failed[d] = crash
-                return True
-        return False
+        return failures.dead(self, d, now)
 
     # -- arrivals ---------------------------------------------------------------------------
     def _iteration(self, ev: Event) -> None:
@@ -694,6 +537,8 @@ class Coordinator:
         a = self._arrival(ev)
         self.log_event("arrive", now, ev.device, ev.task)
         if a is not None:
+            for p in self.plugins:
+                p.on_arrival(a)
             dec = self.policy.arrived(a, self.version, now, self.available)
             used = dec.apply is not None and any(x is a for x in dec.apply.arrivals)
             if not used and not self._buffered(a):
@@ -717,77 +562,10 @@ class Coordinator:
 
     # -- the end ----------------------------------------------------------------------------
     def _flush(self) -> None:
-        """End of training: every live device whose plugin holds mass back (a residual, a
-        filter) sends it; it is applied with the devices' FedAvg weights, so nothing
-        produced is lost. Updates of tasks still out count too."""
-        flushing = [(p, d) for p in self.plugins for d in p.flush_devices()]
-        if not flushing or self.interrupted:
-            return  # (an interrupted run is resumed later: it holds on to its residuals)
-        now = self.ev.now
-        got: list[Arrival] = []
-        if self.virtual:
-            out = [(e[2], e[3]) for e in self.ev.heap if e[1] == ARRIVE]
-        else:
-            out = sorted(self.ev.expected)
-        for key, msg in sorted(self.pushes.items()):
-            got += self._final_arrival(key, msg, now)
-        self.pushes.clear()
-        for key in sorted(out):
-            got += self._final_arrival(key, self.wait_for(key), now)
-        for d in list(self.inflight):
-            self.task_done(d)
-        for p, d in flushing:
-            if d in self.failed:
-                continue
-            task = self.next_task(d)
-            self.send_task(d, task, (float(self.version), 0.0, 0.0, float(FLUSH)))
-            arr = self._final_arrival((d, task), self.wait_for((d, task)), now)
-            if arr:
-                p.on_flushed(d, arr[0])
-            got += arr
-        always = any(p.flush_always_applies for p, _ in flushing)
-        if got and not always and not any(a.delta.any() for a in got):
-            # nothing was held back: no extra model version (so a lossless run ends with
-            # the model a plain run ends with, server prox included)
-            for a in got:
-                self.t.release(a.msg)  # type: ignore[attr-defined]
-            got = []
-        if got:
-            self.log_event("flush", now, -1, -1, devices=len(got))
-            self._apply(Apply("terms", got, [self.policy.weight(a.device) for a in got]), now)
+        return flush.flush(self)
 
     def wait_for(self, key: tuple[int, int], limit_s: float | None = None) -> Message:
-        """The answer to task ``key`` = (device, task), waiting for it. Raises EdgeflError
-        after ``limit_s`` seconds (default ``comm.failure_timeout_s``; 0 = no limit) or
-        when the device's rank fails meanwhile."""
-        limit = self.cfg["comm"]["failure_timeout_s"] if limit_s is None else limit_s
-        deadline = time.monotonic() + limit if limit else math.inf
-        rank = self.devices[key[0]]["rank"]
-        while key not in self.ev.stash:
-            if rank in self.t.failed or rank in self.ev.failures:
-                raise EdgeflError(f"rank {rank} failed before device {key[0]} answered")
-            if time.monotonic() > deadline:
-                raise EdgeflError(
-                    f"device {key[0]} (rank {rank}) did not answer task {key[1]} within "
-                    f"{limit:.0f} s (comm.failure_timeout_s)"
-                )
-            self.ev.take(timeout=1.0)
-        return self.ev.stash.pop(key)
-
-    def _final_arrival(self, key: tuple[int, int], msg: Message, now: float) -> list[Arrival]:
-        """A message collected at the end (the flush): as an Arrival, or none."""
-        d = key[0]
-        if msg.kind == Kind.REPORT:
-            return []
-        delta, bad, msg = self.decode(d, key[1], msg)
-        if bad:
-            self.t.reject(msg.src, bad)
-            self.t.release(msg)
-            return []
-        a = Arrival(d, key[1], self.version, self.devices[d]["samples"], 0.0, delta, now)
-        a.msg = msg  # type: ignore[attr-defined]
-        a.seconds = 0.0  # type: ignore[attr-defined]
-        return [a]
+        return flush.wait_for(self, key, limit_s)
 
     def plugin(self, name: str) -> CoordinatorPlugin | None:
         """The coordinator half of plugin ``name`` (None when it is not on)."""

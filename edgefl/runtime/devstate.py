@@ -2,10 +2,12 @@
 
 Worker halves hold per-device state (a GDDR residual, a gate's loss window, a filter's
 held-back mass, a gated device's local model). When rank 0 writes a checkpoint it asks every
-live worker rank for it (``STATE`` with payload ``b"?"``); each answers one ``STATE`` with
-``{plugin: {device: state}}`` for its devices, encoded here. On resume rank 0 sends each rank
-its devices' saved state before any task. Nothing is pickled: a state is flattened with the
-checkpoint planner (:mod:`edgefl.ckpt.plan`) into a JSON directory plus raw array bytes.
+live worker rank for it (``STATE`` ``{"ask": {"before": {device: task}}}``: a device with a
+task in flight answers with its state from before that task); each answers one ``STATE``
+with ``{plugin: {device: state}}`` for its devices, encoded here. On resume rank 0 sends each
+rank its devices' saved state (``{"load": ...}``) before any task. Nothing is pickled: a
+state is flattened with the checkpoint planner (:mod:`edgefl.ckpt.plan`) into a JSON
+directory plus raw array bytes.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +14,11 @@ import numpy as np
 import torch
 
 from ..algorithms import summary_defaults
+from ..comm.wire import HEADER_BYTES
 from ..models.train import evaluate
 from .output import summary_table
+
+log = logging.getLogger("edgefl.coordinator")
 
 
 def new_period() -> dict:
@@ -63,8 +68,13 @@ def finish(core: Any, rows: list[dict], rounds_done: int, wall: float, end: floa
         "dp_epsilon": agg.epsilon() if hasattr(agg, "epsilon") else None,
         **summary_defaults(),
     }
+    defaults = set(summary_defaults())
     for src in (*core.plugins, core.server):
-        info.update(src.summary() or {})
+        for key, value in (src.summary() or {}).items():
+            if key in info and key not in defaults:
+                log.warning("plugin summary key %r is the runtime's own: left out", key)
+                continue
+            info[key] = value
     info.update({
         "reference_s_per_sample": core.ref_s,
         "lost_tasks": core.lost_tasks,
@@ -114,3 +124,34 @@ def write_json(path: Path, obj: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1, default=float) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+def record_row(core: Any, arr: list, now: float) -> None:
+    """Append the new version's metrics row, show progress, decide an early stop, and write
+    the checkpoint when one is due."""
+    cfg = core.cfg
+    r = core.version
+    row = round_row(core, arr, now)
+    if core.gated:  # the pushes (major updates) this version applied
+        row["major_updates"] = sorted(a.device for a in arr)
+    core.period = new_period()
+    row["wall_time_s"] = time.monotonic() - core._t0
+    row["devices"] = {
+        str(a.device): {"bytes_up": HEADER_BYTES + a.msg.nbytes, "msgs_up": 1,  # type: ignore[attr-defined]
+                        "time_s": a.seconds}  # type: ignore[attr-defined]
+        for a in arr
+    }  # fmt: skip
+    core.metrics.append(row)
+    core.progress.update(row)
+    target = cfg["run"]["target_accuracy"]
+    stop_at = cfg["debug"]["stop_after_round"]
+    if target > 0 and row.get("test_accuracy", 0.0) >= target:
+        core.stopped = f"target accuracy {target} reached at round {r}"
+    elif stop_at and r == stop_at and r < cfg["run"]["rounds"]:
+        core.stopped = f"debug.stop_after_round = {stop_at}"
+        core.interrupted = True
+    core.server.after_row(row["wall_time_s"], now)
+    every = cfg["run"]["checkpoint_every"]
+    final = r >= cfg["run"]["rounds"] or bool(core.stopped)
+    if core.out_dir is not None and ((every and r % every == 0) or final):
+        core.checkpoint(r, core.metrics.rows, row["wall_time_s"], now)

@@ -1,0 +1,59 @@
+"""Rank 0's registration of the worker (and server) ranks (called by the coordinator)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from ..comm import Kind
+from ..errors import EdgeflError
+from .events import WorkerFailed, error_text
+from .placement import devices_of_rank
+
+log = logging.getLogger("edgefl.coordinator")
+
+
+def register(core: Any) -> None:
+    """Wait for every worker's REGISTER and check it hosts the expected devices; then
+    set up the run (policy, clocks, plugins) so that :meth:`restore` can load into it."""
+    timeout = core.cfg["comm"]["register_timeout_s"]
+    deadline = time.monotonic() + timeout
+    waiting = set(range(1, core.t.size))
+    while waiting:
+        if time.monotonic() > deadline:
+            raise EdgeflError(
+                f"ranks {sorted(waiting)} did not register within {timeout} s "
+                "(comm.register_timeout_s)"
+            )
+        for msg in core.t.poll(timeout=0.5):
+            if msg.kind == Kind.ERROR:
+                raise WorkerFailed(error_text(msg))
+            if msg.kind != Kind.REGISTER:
+                log.warning("ignoring %s from rank %d during registration", msg.kind.name,
+                            msg.src)  # fmt: skip
+                continue
+            info = json.loads(bytes(msg.payload).decode("utf-8"))
+            core.rank_info[msg.src] = info  # (plugins read their on_register fields)
+            if not core.server.register(msg.src, info):
+                register_worker(core, msg.src, info)
+            waiting.discard(msg.src)
+    core._setup()
+    for p in core.plugins:
+        p.on_registered()
+
+
+def register_worker(core: Any, rank: int, info: dict) -> None:
+    expect = devices_of_rank(rank, core.num_devices, core.t.size, core.server.servers)
+    got = [d["id"] for d in info["devices"]]
+    if got != expect:
+        raise EdgeflError(f"rank {rank} registered devices {got}, expected {expect}")
+    core.check_signature(rank, info)
+    for d in info["devices"]:
+        core.devices[d["id"]] = {
+            "rank": rank, "torch": d["torch"], "samples": int(d["samples"]), "rounds": 0,
+            "bytes_up": 0, "bytes_down": 0, "msgs_up": 0, "msgs_down": 0, "time_s": 0.0,
+            "requests": 0, "iterations": 0,
+        }  # fmt: skip
+    core.t.validator.hosted[rank] = frozenset(got)
