@@ -21,6 +21,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import edgefl.algorithms.gddr.kinds  # noqa: F401 - registers the plugins' kinds
+import edgefl.algorithms.ordering.kinds  # noqa: F401
+import edgefl.algorithms.ps.kinds  # noqa: F401
+import edgefl.server.kinds  # noqa: F401
 from edgefl.comm.loopback import Fabric, LoopbackTransport
 from edgefl.comm.wire import (
     HEADER_BYTES,
@@ -33,6 +37,7 @@ from edgefl.comm.wire import (
     Kind,
     Validator,
     WireError,
+    all_kinds,
     decode_header,
     encode_header,
     num_chunks,
@@ -50,7 +55,7 @@ u8, u16 = st.integers(0, 255), st.integers(0, 0xFFFF)
 i32 = st.integers(-(2**31), 2**31 - 1)
 u64, i64 = st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**63 - 1)
 any_float = st.floats(allow_nan=True, allow_infinity=True)
-kinds = st.one_of(st.sampled_from([int(k) for k in Kind]), u16)
+kinds = st.one_of(st.sampled_from([int(k) for k in all_kinds()]), u16)
 dtypes = st.one_of(st.sampled_from([int(d) for d in DType]), u8)
 devices = st.one_of(st.integers(-2, 5), i32)
 

@@ -13,11 +13,12 @@ import pytest
 from conftest import SMALL_JOB, run_edgefl, run_loopback_job
 
 from edgefl.comm.loopback import Fabric
-from edgefl.comm.wire import HEADER_BYTES, Kind
+from edgefl.comm.wire import HEADER_BYTES
 from edgefl.config import load_config
 from edgefl.errors import ConfigError
 from edgefl.runtime.coordinator import Coordinator
 from edgefl.runtime.policies import check_shards
+from edgefl.server.kinds import SHARD_REPLICA
 from edgefl.server.shard import Shard, fail_over, range_holders
 
 SMALL = SMALL_JOB
@@ -72,7 +73,7 @@ def _loopback(cfg: dict, ranks: int, kill: tuple[int, int] | None = None):
 
     class RecShard(Shard):
         def _handle(self, msg):
-            if msg.kind == Kind.SHARD_REPLICA:
+            if msg.kind == SHARD_REPLICA:
                 i = self.by_bounds[(int(msg.aux[0]), int(msg.aux[1]))]
                 replicas_seen[self.t.rank].append((i, int(msg.round), msg.payload.copy()))
             super()._handle(msg)

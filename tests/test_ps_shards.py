@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from conftest import SMALL_JOB, run_edgefl, run_loopback_job
 
-from edgefl.comm import Kind
 from edgefl.comm.loopback import Fabric, LoopbackTransport
 from edgefl.comm.wire import Validator
 from edgefl.config import load_config
 from edgefl.errors import ConfigError, EdgeflError
 from edgefl.runtime.placement import devices_of_rank, is_shard, rank_of_device
 from edgefl.runtime.policies import check_shards
+from edgefl.server.kinds import SHARD_APPLY, SHARD_MODEL, SHARD_PUSH
 from edgefl.server.shard import Shard
 
 SMALL = SMALL_JOB
@@ -98,9 +98,9 @@ def test_shard_rejects_a_piece_of_the_wrong_length():
     shard = Shard(cfg, LoopbackTransport(fabric, 2, Validator(2)), 100, "sig")
     assert (shard.range.start, shard.range.stop) == (50, 100)  # even_ranges(100, 2)[1]
     worker = LoopbackTransport(fabric, 3, Validator(3))
-    worker.send(2, Kind.SHARD_PUSH, device=1, round=0, aux=(50.0, 100.0, 0.0, 0.0),
+    worker.send(2, SHARD_PUSH, device=1, round=0, aux=(50.0, 100.0, 0.0, 0.0),
                 payload=np.ones(50, np.float32))  # fmt: skip
-    worker.send(2, Kind.SHARD_PUSH, device=1, round=1, aux=(50.0, 100.0, 0.0, 0.0),
+    worker.send(2, SHARD_PUSH, device=1, round=1, aux=(50.0, 100.0, 0.0, 0.0),
                 payload=np.ones(49, np.float32))  # fmt: skip
     msgs = []
     for _ in range(20):
@@ -129,9 +129,9 @@ def test_shard_applies_pieces_that_arrive_after_the_apply_list():
     rng = np.random.default_rng(3)
     start = rng.normal(size=7).astype(np.float32)
     d0, d1 = rng.normal(size=7).astype(np.float32), rng.normal(size=7).astype(np.float32)
-    r0.send(1, Kind.SHARD_MODEL, round=5, aux=(0.0, 4.0), payload=start[:4].copy())
+    r0.send(1, SHARD_MODEL, round=5, aux=(0.0, 4.0), payload=start[:4].copy())
     rows = np.array([1, 9, 30, 0.5, 0, 9, 10, 0.7], np.float64)
-    r0.send(1, Kind.SHARD_APPLY, round=6, payload=rows)
+    r0.send(1, SHARD_APPLY, round=6, payload=rows)
 
     def pump() -> None:
         for _ in range(10):
@@ -141,15 +141,15 @@ def test_shard_applies_pieces_that_arrive_after_the_apply_list():
 
     pump()
     assert shard.version == 5 and shard.applies  # pieces missing: waits
-    w.send(1, Kind.SHARD_PUSH, device=0, round=9, aux=(0.0, 4.0, 5.0), payload=d0[:4].copy())
+    w.send(1, SHARD_PUSH, device=0, round=9, aux=(0.0, 4.0, 5.0), payload=d0[:4].copy())
     pump()
     assert shard.version == 5
-    w.send(1, Kind.SHARD_PUSH, device=1, round=9, aux=(0.0, 4.0, 5.0), payload=d1[:4].copy())
+    w.send(1, SHARD_PUSH, device=1, round=9, aux=(0.0, 4.0, 5.0), payload=d1[:4].copy())
     pump()
     assert shard.version == 6 and not shard.applies and not shard.pieces
     full = SampleWeighted().aggregate([Update(0, d0, 10, 0.7), Update(1, d1, 30, 0.5)])
     want = start + np.float32(cfg["server"]["lr"]) * full
-    got = [m for m in r0.poll(timeout=0.5) if m.kind == Kind.SHARD_MODEL]
+    got = [m for m in r0.poll(timeout=0.5) if m.kind == SHARD_MODEL]
     assert len(got) == 1 and got[0].round == 6
     assert np.array_equal(got[0].payload, want[:4])
     # hand-computed: (30 d1 + 10 d0) / 40 on the first key

@@ -21,7 +21,7 @@ import importlib
 from typing import Any
 
 from ..errors import ConfigError
-from .base import CoordinatorPlugin, Plugin, WorkerPlugin
+from .base import CoordinatorPlugin, Plugin, Requirement, WorkerPlugin
 
 # built-in plugins in the order their hooks run: "module:Class" under edgefl.algorithms
 BUILTIN = (
@@ -99,8 +99,29 @@ def _check_kinds(classes: list[type[Plugin]]) -> None:
                 seen[key] = c.name
 
 
+def plugin_requirements(cfg: dict) -> list[tuple[str, Requirement]]:
+    """(plugin name, requirement) of every built-in plugin, on or off (each requirement
+    has its own trigger key, e.g. ``ps.filters`` without ``ps.sparse``), then of every
+    plugin listed in ``algorithm.plugins``."""
+    classes = builtin_classes()
+    for i, spec in enumerate(cfg["algorithm"].get("plugins", [])):
+        classes.append(_import(spec, f"algorithm.plugins[{i}]"))
+    return [(c.name, r) for c in classes for r in getattr(c, "requires", ())]
+
+
+def check_requirements(cfg: dict, requirements: list[tuple[str, Requirement]]) -> None:
+    """The shared checker of declared requirements: the first one ``cfg`` breaks raises a
+    one-line ConfigError naming its trigger key, the key it needs and why
+    (:meth:`Requirement.error`)."""
+    for _owner, r in requirements:
+        if not r.holds(cfg):
+            raise ConfigError(r.error(cfg))
+
+
 def check_config(cfg: dict) -> None:
-    """Every plugin's own config check (ConfigError naming the key)."""
+    """Every plugin's declared requirements, then its own config check (ConfigError naming
+    the key)."""
+    check_requirements(cfg, plugin_requirements(cfg))
     for c in load(cfg):
         try:
             c.check_config(cfg)
@@ -142,8 +163,10 @@ __all__ = [
     "WorkerPlugin",
     "builtin_classes",
     "check_config",
+    "check_requirements",
     "coordinator_plugins",
     "load",
+    "plugin_requirements",
     "summary_defaults",
     "worker_plugins",
 ]

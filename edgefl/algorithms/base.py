@@ -218,17 +218,148 @@ class WorkerPlugin:
     def load_device_state(self, d: int, state: dict) -> None: ...
 
 
+def _show(value: Any) -> str:
+    """A config value as an error message shows it (TOML booleans, Python repr else)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Config equality that keeps booleans apart from numbers (``False != 0`` here)."""
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+@dataclass(frozen=True)
+class Values:
+    """A set of values of one config key, as data (what a :class:`Requirement` allows, or
+    the values of its trigger key that make it apply). Build it with :func:`one_of`,
+    :func:`not_one_of`, :func:`above` or :func:`has`.
+
+    Args:
+        op: ``"in"`` (one of ``items``), ``"not in"`` (none of them), ``">"`` (a number above
+            ``items[0]``) or ``"has"`` (a list that contains ``items[0]``).
+        items: the values the operator compares with.
+    """
+
+    op: str
+    items: tuple = ()
+
+    def __contains__(self, value: Any) -> bool:
+        if self.op == "in":
+            return any(_same(value, x) for x in self.items)
+        if self.op == "not in":
+            return not any(_same(value, x) for x in self.items)
+        if self.op == ">":
+            num = isinstance(value, (int, float)) and not isinstance(value, bool)
+            return num and value > self.items[0]
+        if self.op == "has":
+            return isinstance(value, (list, tuple)) and self.items[0] in value
+        raise ValueError(f"unknown Values operator {self.op!r}")
+
+    def say(self) -> str:
+        """The set as a message writes it after the key: ``= 'bsp'``, ``in ('a', 'b')``,
+        ``!= 'none'``, ``> 0``, ``containing 'kkt'``."""
+        shown = [_show(x) for x in self.items]
+        if self.op in ("in", "not in") and len(shown) == 1:
+            return ("= " if self.op == "in" else "!= ") + shown[0]
+        if self.op in ("in", "not in"):
+            return f"{self.op} ({', '.join(shown)})"
+        if self.op == ">":
+            return f"> {shown[0]}"
+        return f"containing {shown[0]}"
+
+
+def one_of(*values: Any) -> Values:
+    """The listed values."""
+    return Values("in", values)
+
+
+def not_one_of(*values: Any) -> Values:
+    """Every value but the listed ones."""
+    return Values("not in", values)
+
+
+def above(x: float) -> Values:
+    """Numbers greater than ``x``."""
+    return Values(">", (x,))
+
+
+def has(item: Any) -> Values:
+    """Lists that contain ``item``."""
+    return Values("has", (item,))
+
+
+def config_value(cfg: dict, key: str) -> Any:
+    """The value of dotted config key ``key`` (None when the config has no such key)."""
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """What one setting needs of another key, declared as data (:attr:`Plugin.requires`).
+
+    While config key ``when`` takes a value in ``active``, key ``key`` must take a value in
+    ``allowed``, ``because`` (one clause: the reason, e.g. what the mathematics or the
+    message protocol needs). :func:`edgefl.algorithms.check_requirements` checks every
+    declared requirement before any rank starts and raises the one-line error
+    :meth:`error` names both keys in.
+
+    Example (example ordering needs synchronous rounds)::
+
+        Requirement("algorithm.ordering", not_one_of("none"), "algorithm.consistency",
+                    one_of("bsp"), "a device trains one epoch per round in the order ...")
+    """
+
+    when: str
+    active: Values
+    key: str
+    allowed: Values
+    because: str
+
+    def applies(self, cfg: dict) -> bool:
+        """Does the trigger key take an ``active`` value in ``cfg``?"""
+        return config_value(cfg, self.when) in self.active
+
+    def holds(self, cfg: dict) -> bool:
+        """Is the requirement met (or does it not apply)?"""
+        return not self.applies(cfg) or config_value(cfg, self.key) in self.allowed
+
+    def error(self, cfg: dict) -> str:
+        """The one-line message of a failed requirement, e.g. ``config key 'ps.servers' = 2:
+        needs algorithm.consistency = 'bsp' (got algorithm.consistency = 'asp') because
+        ...``."""
+        w, v = config_value(cfg, self.when), config_value(cfg, self.key)
+        return (
+            f"config key '{self.when}' = {_show(w)}: needs {self.key} {self.allowed.say()} "
+            f"(got {self.key} = {_show(v)}) because {self.because}"
+        )
+
+
 class Plugin:
     """An algorithm: its name, when it is on, its config check and its two halves.
 
     Subclass it (``name``, ``coordinator``, ``worker``; override :meth:`enabled` and
     :meth:`check_config`) and name it in ``algorithm.plugins = ["module:Class"]`` to load
     your own; the built-in ones are listed in :data:`edgefl.algorithms.BUILTIN`.
+
+    What a plugin needs of the other config keys is declared in :attr:`requires` (a tuple
+    of :class:`Requirement`); the shared checker refuses a config that breaks one with a
+    one-line ConfigError naming both keys and the reason, and ``edgefl config matrix``
+    (docs/composition.md) lists the refusals. A built-in plugin's requirements are checked
+    whether it is on or not (each has its own trigger key); a user plugin's when it is
+    listed. :meth:`check_config` is for everything else (bad values of its own keys).
     """
 
     name: ClassVar[str] = "plugin"
     coordinator: ClassVar[type[CoordinatorPlugin] | None] = None
     worker: ClassVar[type[WorkerPlugin] | None] = None
+    requires: ClassVar[tuple[Requirement, ...]] = ()
 
     @classmethod
     def enabled(cls, cfg: dict) -> bool:

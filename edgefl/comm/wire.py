@@ -39,7 +39,8 @@ HEADER_BYTES = HEADER_DTYPE.itemsize  # 80
 
 
 class Kind(enum.IntEnum):
-    """Message kinds. ``up`` = worker -> coordinator, ``down`` = coordinator -> worker."""
+    """The core's message kinds. ``up`` = worker -> coordinator, ``down`` = coordinator ->
+    worker. Plugins and server backends register their own (:func:`register_kind`)."""
 
     REGISTER = 1  # up: JSON (uint8) describing the devices a rank hosts
     MODEL = 2  # down: the global model (float32, model size), device -1 = whole rank
@@ -48,30 +49,8 @@ class Kind(enum.IntEnum):
     #   local iterations since the device last got the global model)
     STOP = 5  # down: finish; aux[0] = exit status the worker should return
     ERROR = 6  # up: UTF-8 text (uint8) of a fatal worker-side error
-    ORDER = 7  # down: next-epoch example order (int32) for `device`
     HEARTBEAT = 8  # both: liveness, no payload
     REPORT = 9  # up: a local iteration ended without a push; aux = (samples, loss, seconds, z)
-    GRADS = 10  # up: per-example gradients (or sketches) of a task, float32 (CD-GraB)
-    RESIDUAL = 11  # up: GDDR-released values + the update's norm (float32); aux[3] = tau
-    SPARSE = 12  # up: a filtered, compressed update (algorithms.ps.compress encoding, uint8)
-    RESEND = 13  # down: the SPARSE of (device, round) named a key list rank 0 lacks: resend
-    MODEL_KEYS = 14  # down: global model values at the rank's working-set keys (float32)
-    WORKSET = 15  # up: the sorted keys `device`'s data touches (int32/int64), sent once
-    # sharded server group (ps.servers = S > 0; ranks 1..S are shards, docs/parameter-server.md)
-    SHARD_MODEL = 16  # both: keys [aux0, aux1) of model version `round` (float32): rank 0 ->
-    #   shard (start/resume), shard -> worker (pull), shard -> rank 0 (after an apply)
-    SHARD_PUSH = 17  # both: worker -> shard: keys [aux0, aux1) of the update of (`device`,
-    #   task `round`), float32; aux2 = the model version the task started from
-    SHARD_PULL = 18  # down: rank 0 -> shard: send your range of version aux1 to rank aux0
-    SHARD_APPLY = 19  # down: rank 0 -> shard: aggregate into version `round` the updates
-    #   named by the float64 rows (device, task, samples, loss)
-    SHARD_STATS = 20  # up: shard -> rank 0 (asked by a HEARTBEAT): float64 (bytes sent,
-    #   bytes received, messages sent, messages received, replication bytes sent)
-    SHARD_REPLICA = 21  # both: shard -> replica holder (ps.replicas > 1): keys [aux0, aux1)
-    #   of model version `round` (float32), the owner's values after it got that version
-    SHARD_OWNERS = 22  # both: rank 0 -> shards and workers after a shard failed: the owner
-    #   rank of every range (float64), version `round` is current, aux0 = owner-map epoch;
-    #   shard -> rank 0: the answer, float64 [1 = holds version `round` of its ranges, 0 not]
     STATE = 23  # both (uint8, runtime.devstate encoding): rank 0 -> worker: {"ask": ...} =
     #   send your devices' plugin state (a checkpoint is being written) or {"load": ...} =
     #   the saved state (resume); worker -> rank 0: its devices' state; device = -1
@@ -125,22 +104,8 @@ SPECS: dict[Kind, KindSpec] = {
     Kind.UPDATE: KindSpec("up", frozenset({DType.FLOAT32}), "model"),
     Kind.STOP: KindSpec("down", frozenset({DType.NONE}), "none"),
     Kind.ERROR: KindSpec("up", frozenset({DType.UINT8}), "any"),
-    Kind.ORDER: KindSpec("down", frozenset({DType.INT32}), "any"),
     Kind.HEARTBEAT: KindSpec("both", frozenset({DType.NONE}), "none"),
     Kind.REPORT: KindSpec("up", frozenset({DType.NONE}), "none"),
-    Kind.GRADS: KindSpec("up", frozenset({DType.FLOAT32}), "any"),
-    Kind.RESIDUAL: KindSpec("up", frozenset({DType.FLOAT32}), "any"),
-    Kind.SPARSE: KindSpec("up", frozenset({DType.UINT8}), "any"),
-    Kind.RESEND: KindSpec("down", frozenset({DType.NONE}), "none"),
-    Kind.MODEL_KEYS: KindSpec("down", frozenset({DType.FLOAT32}), "any"),
-    Kind.WORKSET: KindSpec("up", frozenset({DType.INT32, DType.INT64}), "any"),
-    Kind.SHARD_MODEL: KindSpec("both", frozenset({DType.FLOAT32}), "any"),
-    Kind.SHARD_PUSH: KindSpec("both", frozenset({DType.FLOAT32}), "any"),
-    Kind.SHARD_PULL: KindSpec("down", frozenset({DType.NONE}), "none"),
-    Kind.SHARD_APPLY: KindSpec("down", frozenset({DType.FLOAT64}), "any"),
-    Kind.SHARD_STATS: KindSpec("up", frozenset({DType.FLOAT64}), "any"),
-    Kind.SHARD_REPLICA: KindSpec("both", frozenset({DType.FLOAT32}), "any"),
-    Kind.SHARD_OWNERS: KindSpec("both", frozenset({DType.FLOAT64}), "any"),
     Kind.STATE: KindSpec("both", frozenset({DType.UINT8}), "any"),
 }
 
@@ -267,10 +232,60 @@ def decode_header(buf: np.ndarray | bytes, nbytes: int | None = None) -> Header:
     return h
 
 
-_KINDS = {int(k): k for k in Kind}
+_KINDS: dict[int, Kind | MessageKind] = {int(k): k for k in Kind}
 _DTYPES = {int(d): d for d in DType}
 # per kind code: (kind, spec, allowed dtype codes as ints); enum hashing is a Python call
 _SPEC_OF_CODE = {int(k): (k, s, frozenset(int(d) for d in s.dtypes)) for k, s in SPECS.items()}
+
+
+class MessageKind(int):
+    """A message kind registered by a plugin or a server backend: an int code with a name
+    (like a :class:`Kind` member)."""
+
+    name: str
+
+    def __new__(cls, code: int, name: str) -> MessageKind:
+        obj = int.__new__(cls, code)
+        obj.name = name
+        return obj
+
+    def __repr__(self) -> str:
+        return f"<MessageKind.{self.name}: {int(self)}>"
+
+
+def register_kind(
+    name: str, code: int, direction: str, dtypes: set[DType], payload: str
+) -> MessageKind:
+    """Register a plugin's message kind (wire code ``code``, 1..65535, unique) with what it
+    may carry (see :class:`KindSpec`); returns it. Registering the same name and code again
+    returns the registered kind; a code or name taken by another kind is a ValueError."""
+    if direction not in ("up", "down", "both") or payload not in ("none", "model", "any"):
+        raise ValueError(f"message kind {name}: bad direction {direction!r} or payload {payload!r}")
+    old = _KINDS.get(int(code))
+    if old is not None:
+        if old.name == name:
+            return old  # type: ignore[return-value]
+        raise ValueError(f"message kind code {code} of {name} is taken by {old.name}")
+    if any(k.name == name for k in _KINDS.values()):
+        raise ValueError(f"message kind name {name} is taken")
+    kind = MessageKind(int(code), name)
+    spec = KindSpec(direction, frozenset(dtypes), payload)
+    SPECS[kind] = spec  # type: ignore[index]
+    _KINDS[int(code)] = kind
+    _SPEC_OF_CODE[int(code)] = (kind, spec, frozenset(int(d) for d in spec.dtypes))
+    return kind
+
+
+def all_kinds() -> list[Kind | MessageKind]:
+    """Every kind known now: the core's and the registered ones, by code."""
+    return [k for _, k in sorted(_KINDS.items())]
+
+
+def kind_of(code: int) -> Kind | MessageKind:
+    """The kind of wire code ``code`` (KeyError if unknown)."""
+    return _KINDS[int(code)]
+
+
 _ITEMSIZE = {int(d): t.itemsize for d, t in NUMPY_OF.items()}
 # (a STATE names its devices inside the payload; rank 0 checks them against the rank's)
 _UNCHECKED_DEVICE_KINDS = frozenset(

@@ -199,6 +199,13 @@ class Consistency(ABC):
         self.draws = int(st.get("draws", 0))
         self.busy = {int(d) for d in st.get("busy", [])}
 
+    def forget_tasks(self) -> None:
+        """No task is out any more (they are restarted, e.g. after a resume from a state
+        taken while tasks were in flight): the next :meth:`start` may use every device."""
+        self.busy.clear()
+        if hasattr(self, "pending"):
+            self.pending = set()
+
 
 class BSP(Consistency):
     """Bulk-synchronous rounds with participation sampling and an optional deadline.

@@ -106,6 +106,8 @@ def restore(core: Any, st: dict) -> None:
         p.load_state_dict(saved[p.name].get("state", {}))
     devstate.restore(core, {n: v.get("devices", {}) for n, v in saved.items()})
     core.flight_state = st.get("flight")  # (put back when the event loop starts)
+    if core.flight_state is None:  # not taken at an apply: the tasks out then restart
+        core.policy.forget_tasks()
     core.flight_policy = c["policy"]
 
 
@@ -156,7 +158,7 @@ def resume_flight(core: Any) -> Any:
     from) and return the decision the interrupted run was carrying out; None otherwise
     (the policy then starts afresh)."""
     from ..comm import Kind
-    from ..comm.wire import Message
+    from ..comm.wire import Message, kind_of
     from ..policies.consistency import Decision
     from .protocol import CONTINUE, REFRESH, unpack_flags
 
@@ -177,7 +179,7 @@ def resume_flight(core: Any) -> Any:
         core.base_refs[base] = core.base_refs.get(base, 0) + 1
     for key, m in fl["pushes"].items():
         d, t = (int(x) for x in key.split(":"))
-        core.pushes[(d, t)] = Message(Kind(m["kind"]), m["src"], m["device"], m["seq"],
+        core.pushes[(d, t)] = Message(kind_of(m["kind"]), m["src"], m["device"], m["seq"],
                                       m["round"], 0.0, tuple(m["aux"]), m["payload"],
                                       m["nbytes"])  # fmt: skip
     _restore_buffer(core, fl.get("buffered", {}))

@@ -53,6 +53,15 @@ from ..errors import EdgeflError
 from ..policies.aggregation import Update
 from ..policies.keyrange import even_ranges
 from ..runtime.policies import make_update_aggregator
+from .kinds import (
+    SHARD_APPLY,
+    SHARD_MODEL,
+    SHARD_OWNERS,
+    SHARD_PULL,
+    SHARD_PUSH,
+    SHARD_REPLICA,
+    SHARD_STATS,
+)
 
 log = logging.getLogger("edgefl.shard")
 
@@ -174,32 +183,32 @@ class Shard:
 
     def _handle(self, msg: Message) -> None:
         k = msg.kind
-        if k == Kind.SHARD_PUSH:
+        if k == SHARD_PUSH:
             self.doing = f"receiving device {msg.device}'s update of task {msg.round}"
             i = self._check_range(msg, "SHARD_PUSH", owned=True)
             self.pieces[(i, msg.device, msg.round)] = np.array(msg.payload, np.float32)
-        elif k == Kind.SHARD_MODEL and msg.src == 0:
+        elif k == SHARD_MODEL and msg.src == 0:
             self._check_range(msg, "SHARD_MODEL", owned=True)
             self.t.wait_sends()  # pulls of the old values must be out first
             self._set_version(int(msg.round), {self.index: np.array(msg.payload, np.float32)})
-        elif k == Kind.SHARD_REPLICA:
+        elif k == SHARD_REPLICA:
             i = self._check_range(msg, "SHARD_REPLICA", owned=False)
             held = self.replica.setdefault(i, {})
             held[int(msg.round)] = np.array(msg.payload, np.float32)
             for v in sorted(held)[:-2]:
                 del held[v]
-        elif k == Kind.SHARD_OWNERS and msg.src == 0:
+        elif k == SHARD_OWNERS and msg.src == 0:
             self._take_owners(msg)
-        elif k == Kind.SHARD_PULL:
+        elif k == SHARD_PULL:
             self.pulls.append((int(msg.aux[0]), int(msg.aux[1])))
-        elif k == Kind.SHARD_APPLY:
+        elif k == SHARD_APPLY:
             rows = np.array(msg.payload, np.float64).reshape(-1, 4)
             self.applies.append((int(msg.round), rows))
         elif k == Kind.HEARTBEAT and msg.src == 0:
             s = self.t.stats
             vals = (s.bytes_sent, s.bytes_recv, s.msgs_sent, s.msgs_recv)
             stats = [float(sum(c.values())) for c in vals] + [float(self.replica_bytes)]
-            self.t.send(0, Kind.SHARD_STATS, payload=np.array(stats, np.float64))
+            self.t.send(0, SHARD_STATS, payload=np.array(stats, np.float64))
         else:
             log.warning("shard rank %d: ignoring %s from rank %d", self.t.rank, k.name, msg.src)
         self.t.release(msg)
@@ -240,7 +249,7 @@ class Shard:
                 if h == self.t.rank or h in self.dead:
                     continue
                 self.t.send(
-                    h, Kind.SHARD_REPLICA, round=version,
+                    h, SHARD_REPLICA, round=version,
                     aux=(float(r.start), float(r.stop), 0.0, 0.0), payload=a,
                 )  # fmt: skip
                 self.replica_bytes += HEADER_BYTES + a.nbytes
@@ -274,7 +283,7 @@ class Shard:
             self.own, self.version = values, version
             log.warning("shard rank %d: now owns ranges %s at version %d", self.t.rank,
                         sorted(values), version)  # fmt: skip
-        self.t.send(0, Kind.SHARD_OWNERS, round=version, aux=(float(self.epoch), 0.0, 0.0, 0.0),
+        self.t.send(0, SHARD_OWNERS, round=version, aux=(float(self.epoch), 0.0, 0.0, 0.0),
                     payload=np.array([1.0 if ok else 0.0], np.float64))  # fmt: skip
 
     def _progress(self) -> None:
@@ -292,7 +301,7 @@ class Shard:
                 for i, a in sorted(self.own.items()):
                     r = self.ranges[i]
                     self.t.send(
-                        rank, Kind.SHARD_MODEL, round=version,
+                        rank, SHARD_MODEL, round=version,
                         aux=(float(r.start), float(r.stop), float(self.epoch), 0.0), payload=a,
                     )  # fmt: skip
             elif version > self.version:
@@ -341,7 +350,7 @@ class Shard:
         for i, a in sorted(new.items()):
             r = self.ranges[i]
             self.t.send(
-                0, Kind.SHARD_MODEL, round=version,
+                0, SHARD_MODEL, round=version,
                 aux=(float(r.start), float(r.stop), float(self.epoch), 0.0), payload=a,
             )  # fmt: skip
 

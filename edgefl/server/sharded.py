@@ -23,6 +23,14 @@ from ..comm.wire import HEADER_BYTES
 from ..errors import ConfigError, EdgeflError
 from ..policies.consistency import Apply, Arrival, Decision, make_consistency
 from ..policies.keyrange import even_ranges
+from .kinds import (
+    SHARD_APPLY,
+    SHARD_MODEL,
+    SHARD_OWNERS,
+    SHARD_PULL,
+    SHARD_PUSH,
+    SHARD_STATS,
+)
 from .local import LocalServer
 from .shard import fail_over
 
@@ -80,7 +88,7 @@ class ShardedServer(LocalServer):
         g = core.global_model
         for s, r in zip(self.shards, self.ranges):
             core.t.send(
-                s, Kind.SHARD_MODEL, round=core.version,
+                s, SHARD_MODEL, round=core.version,
                 aux=(float(r.start), float(r.stop), 0.0, 0.0), payload=g[r.start : r.stop],
             )  # fmt: skip
         if self.replicas > 1:  # a re-run of the first round starts here
@@ -90,7 +98,7 @@ class ShardedServer(LocalServer):
         """The shards send their ranges of this version (SHARD_MODEL) to ``rank``."""
         core = self.core
         for s in sorted(set(self.owners)):
-            core.t.send(s, Kind.SHARD_PULL, round=core.version,
+            core.t.send(s, SHARD_PULL, round=core.version,
                         aux=(float(rank), float(core.version)))  # fmt: skip
         return True
 
@@ -159,7 +167,7 @@ class ShardedServer(LocalServer):
         for s in self.shards:
             if s not in core.failed_ranks:
                 core.t.send(s, Kind.HEARTBEAT)
-        got = self._from_shards(Kind.SHARD_STATS, None)
+        got = self._from_shards(SHARD_STATS, None)
         names = ("bytes_sent", "bytes_recv", "msgs_sent", "msgs_recv", "replica_bytes")
         for s, msgs in sorted((got or {}).items()):
             for msg in msgs:
@@ -192,10 +200,10 @@ class ShardedServer(LocalServer):
         payload = np.array(rows, np.float64).reshape(-1)
         owners = sorted(set(self.owners))
         for s in owners:
-            core.t.send(s, Kind.SHARD_APPLY, round=core.version + 1, payload=payload)
+            core.t.send(s, SHARD_APPLY, round=core.version + 1, payload=payload)
         t0 = time.perf_counter()
         counts = {s: self.owners.count(s) for s in owners}
-        got = self._from_shards(Kind.SHARD_MODEL, core.version + 1, counts)
+        got = self._from_shards(SHARD_MODEL, core.version + 1, counts)
         self.wait_s += time.perf_counter() - t0
         if got is None:
             return False
@@ -258,9 +266,9 @@ class ShardedServer(LocalServer):
     def _wanted(self, msg: Message, kind: Kind, round_: int | None) -> bool:
         if msg.kind != kind or round_ not in (None, msg.round):
             return False
-        if kind == Kind.SHARD_MODEL:
+        if kind == SHARD_MODEL:
             return int(msg.aux[2]) == self.owner_epoch
-        if kind == Kind.SHARD_OWNERS:
+        if kind == SHARD_OWNERS:
             return int(msg.aux[0]) == self.owner_epoch
         return True
 
@@ -281,8 +289,8 @@ class ShardedServer(LocalServer):
         aux = (float(self.owner_epoch), 0.0, 0.0, 0.0)
         live = [s for s in self.shards if s not in dead]
         for r in live + [w for w in core.workers if w not in core.failed_ranks]:
-            core.t.send(r, Kind.SHARD_OWNERS, round=core.version, aux=aux, payload=payload)
-        got = self._from_shards(Kind.SHARD_OWNERS, core.version)
+            core.t.send(r, SHARD_OWNERS, round=core.version, aux=aux, payload=payload)
+        got = self._from_shards(SHARD_OWNERS, core.version)
         if got is None:  # another shard died meanwhile: handled by the nested call
             return self.broken or bool(core.stopped)
         missing = sorted(s for s, ms in got.items() if any(m.payload[0] != 1.0 for m in ms))
@@ -320,6 +328,7 @@ class ShardedServer(LocalServer):
         samples = {d: v["samples"] for d, v in sorted(snap["devices"].items())}
         core.policy = make_consistency(core.cfg, samples)
         core.policy.load_state_dict(json.loads(snap["policy"]))
+        core.policy.forget_tasks()  # the round's tasks are dropped: it starts again
         core.tasks, core.staleness = dict(snap["tasks"]), dict(snap["staleness"])
         core.devices = copy.deepcopy(snap["devices"])
         core.rank_version.clear()  # every worker rank pulls the version again
@@ -343,7 +352,7 @@ class ShardClient:
     """A worker rank's side of a sharded server group: versions assembled from the shards'
     SHARD_MODEL ranges, updates pushed as SHARD_PUSH pieces (+ a REPORT to rank 0)."""
 
-    message_kinds = (Kind.SHARD_MODEL, Kind.SHARD_OWNERS)
+    message_kinds = (SHARD_MODEL, SHARD_OWNERS)
 
     def __init__(self, worker: Any) -> None:
         self.w = worker
@@ -358,7 +367,7 @@ class ShardClient:
 
     def on_message(self, msg: Message) -> None:
         w = self.w
-        if msg.kind == Kind.SHARD_OWNERS:
+        if msg.kind == SHARD_OWNERS:
             self.owners = [int(x) for x in msg.payload]
             self.owner_epoch = int(msg.aux[0])
             log.warning("rank %d: shard owners now %s", w.rank, self.owners)
@@ -413,7 +422,7 @@ class ShardClient:
 
         for s, r in zip(self.owners, self.ranges):
             w.t.send(
-                s, Kind.SHARD_PUSH, device=device, round=task,
+                s, SHARD_PUSH, device=device, round=task,
                 aux=(float(r.start), float(r.stop), float(version), 0.0),
                 payload=delta[r.start : r.stop], release=release,
             )  # fmt: skip

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from edgefl.algorithms.ordering.kinds import ORDER
 from edgefl.comm.mpi import MPITransport
 from edgefl.comm.wire import Kind, Validator
 
@@ -65,8 +66,8 @@ if rank != 0:
         "MODEL payload",
     )
     expect(got[Kind.TRAIN].device == devs[1] and got[Kind.TRAIN].round == 5, "TRAIN header")
-    expect(got[Kind.ORDER].payload.dtype == np.int32, "ORDER dtype")
-    expect(np.array_equal(got[Kind.ORDER].payload, np.arange(17, dtype=np.int32)[::-1]), "ORDER")
+    expect(got[ORDER].payload.dtype == np.int32, "ORDER dtype")
+    expect(np.array_equal(got[ORDER].payload, np.arange(17, dtype=np.int32)[::-1]), "ORDER")
     expect(Kind.HEARTBEAT in got, "HEARTBEAT down")
     expect(got[Kind.STOP].aux[0] == 0.0, "STOP status")
     expect(sum(t.stats.rejected.values()) == 0, "worker rejected nothing")
@@ -105,7 +106,7 @@ else:
     for r in (1, 2):
         t.send(r, Kind.MODEL, payload=model)
         t.send(r, Kind.TRAIN, device=HOSTED[r][1], round=5)
-        t.send(r, Kind.ORDER, device=HOSTED[r][0], payload=np.arange(17, dtype=np.int32)[::-1])
+        t.send(r, ORDER, device=HOSTED[r][0], payload=np.arange(17, dtype=np.int32)[::-1])
         t.send(r, Kind.HEARTBEAT)
         t.send(r, Kind.STOP, aux=(0.0,))
     t.wait_sends()

@@ -6,9 +6,10 @@ import logging
 
 import numpy as np
 
-from ...comm import Kind, Message
+from ...comm import Message
 from ...policies.consistency import Apply
 from ..base import CoordinatorPlugin, TaskSpec
+from .kinds import RESIDUAL
 
 log = logging.getLogger("edgefl.coordinator")
 
@@ -18,7 +19,7 @@ class GDDRCoordinator(CoordinatorPlugin):
     values are decoded into a dense update; when a device dies its last residual checkpoint
     is folded back in over the next model changes (weighted like its updates)."""
 
-    update_kinds = (Kind.RESIDUAL,)
+    update_kinds = (RESIDUAL,)
     flush_always_applies = True
 
     def __init__(self, core, name: str) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 
 from ...comm import Kind
 from ..base import LocalJob, WorkerPlugin
+from .kinds import RESIDUAL
 
 
 class GDDRWorker(WorkerPlugin):
@@ -48,7 +49,7 @@ class GDDRWorker(WorkerPlugin):
 
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_residual(self.ckpt_dir / residual_checkpoint_name(d), res.state_dict())
-        self.core.t.send(0, Kind.RESIDUAL, device=d, round=job.task,
+        self.core.t.send(0, RESIDUAL, device=d, round=job.task,
                          aux=(*job.aux[:3], float(rel.tau)), payload=payload)  # fmt: skip
         return True
 

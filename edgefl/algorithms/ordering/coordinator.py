@@ -6,9 +6,10 @@ import time
 
 import numpy as np
 
-from ...comm import Kind, Message
+from ...comm import Message
 from ...policies.consistency import Apply
 from ..base import CoordinatorPlugin
+from .kinds import GRADS, ORDER
 
 
 class OrderingCoordinator(CoordinatorPlugin):
@@ -16,7 +17,7 @@ class OrderingCoordinator(CoordinatorPlugin):
     (rows ``first .. first + n - 1`` of a device's epoch, aux = (n, width, first, 0)) and,
     after the round's apply, sends every device its next-epoch order (ORDER)."""
 
-    message_kinds = (Kind.GRADS,)
+    message_kinds = (GRADS,)
 
     def __init__(self, core, name: str) -> None:
         from .orderers import make_cfg_orderer
@@ -43,7 +44,7 @@ class OrderingCoordinator(CoordinatorPlugin):
         core = self.core
         for d, o in zip(sorted(core.devices), orders):
             core.t.send(
-                core.devices[d]["rank"], Kind.ORDER, device=d, round=self.orderer.epoch,
+                core.devices[d]["rank"], ORDER, device=d, round=self.orderer.epoch,
                 payload=np.ascontiguousarray(o, np.int32),
             )  # fmt: skip
         cfg = core.cfg["ordering"]

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...comm import Kind, Message
+from ...comm import Message
 from ..base import LocalJob, WorkerPlugin
+from .kinds import GRADS, ORDER
 
 
 class OrderingWorker(WorkerPlugin):
     """Keeps every device's current order (ORDER) and runs its epoch in that order,
     sending the examples' gradients (or sketches; per unit) in visit order (GRADS)."""
 
-    message_kinds = (Kind.ORDER,)
+    message_kinds = (ORDER,)
 
     def __init__(self, core, name: str) -> None:
         from .orderers import make_cfg_orderer
@@ -70,6 +71,6 @@ class OrderingWorker(WorkerPlugin):
         projected by the orderer's sketch; aux = (rows, width, first, 0)."""
         g = np.ascontiguousarray(self.orderer.project(rows), dtype=np.float32)
         self.core.t.send(
-            0, Kind.GRADS, device=device, round=task,
+            0, GRADS, device=device, round=task,
             aux=(float(g.shape[0]), float(g.shape[1]), float(first), 0.0), payload=g.reshape(-1),
         )  # fmt: skip

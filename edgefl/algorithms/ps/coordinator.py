@@ -11,6 +11,7 @@ from ...comm import Kind, Message
 from ...comm.wire import HEADER_BYTES
 from ...policies.consistency import Apply, Arrival
 from ..base import CoordinatorPlugin
+from .kinds import MODEL_KEYS, RESEND, SPARSE, WORKSET
 from .workset import working_set_pulls
 
 log = logging.getLogger("edgefl.coordinator")
@@ -21,7 +22,7 @@ class PSCoordinator(CoordinatorPlugin):
     keys' values (MODEL_KEYS); decodes SPARSE pushes (asking for a RESEND on a key-cache
     miss); checks at the end that every device's produced mass arrived (summary ``ps``)."""
 
-    update_kinds = (Kind.SPARSE,)
+    update_kinds = (SPARSE,)
 
     def __init__(self, core, name: str) -> None:
         super().__init__(core, name)
@@ -66,7 +67,7 @@ class PSCoordinator(CoordinatorPlugin):
             for msg in core.t.poll(timeout=0.5):
                 if msg.kind == Kind.HEARTBEAT:
                     waiting.discard(msg.src)
-                elif msg.kind == Kind.WORKSET:
+                elif msg.kind == WORKSET:
                     d = msg.device
                     try:
                         keys = check_keys(msg.payload, numel, "keys")
@@ -110,7 +111,7 @@ class PSCoordinator(CoordinatorPlugin):
         keys, digest = ws
         core = self.core
         aux = (float(keys.size), float(digest))
-        core.t.send(rank, Kind.MODEL_KEYS, round=core.version, aux=aux,
+        core.t.send(rank, MODEL_KEYS, round=core.version, aux=aux,
                     payload=core.global_model[keys])  # fmt: skip
         return True
 
@@ -140,7 +141,7 @@ class PSCoordinator(CoordinatorPlugin):
                 self.resends += 1
                 core.book_up(d, HEADER_BYTES + msg.nbytes)  # the message that missed
                 core.t.release(msg)
-                core.t.send(core.devices[d]["rank"], Kind.RESEND, device=d, round=task)
+                core.t.send(core.devices[d]["rank"], RESEND, device=d, round=task)
                 msg = core.wait_for((d, task))
             except MessageError as e:
                 return None, f"sparse update of device {d}: {e}", msg

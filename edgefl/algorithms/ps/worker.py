@@ -9,6 +9,7 @@ import numpy as np
 from ...comm import Kind, Message
 from ...errors import EdgeflError
 from ..base import LocalJob, WorkerPlugin
+from .kinds import MODEL_KEYS, RESEND, SPARSE, WORKSET
 from .workset import (
     WORKING_SET_MODELS,
     device_working_set,
@@ -25,7 +26,7 @@ class PSWorker(WorkerPlugin):
     MODEL_KEYS versions; filters and encodes every push (SPARSE) and answers RESEND; at the
     end flushes what the filters held back."""
 
-    message_kinds = (Kind.MODEL_KEYS, Kind.RESEND, Kind.HEARTBEAT)
+    message_kinds = (MODEL_KEYS, RESEND, Kind.HEARTBEAT)
 
     def __init__(self, core, name: str) -> None:
         super().__init__(core, name)
@@ -59,9 +60,9 @@ class PSWorker(WorkerPlugin):
             self.ws_digest = key_digest(self.ws_union)
 
     def on_message(self, msg: Message) -> None:
-        if msg.kind == Kind.MODEL_KEYS:
+        if msg.kind == MODEL_KEYS:
             self._install_keys(msg)
-        elif msg.kind == Kind.RESEND:
+        elif msg.kind == RESEND:
             self._resend(msg.device, msg.round)
         elif self.ws_pull and not self.ws_sent:  # HEARTBEAT: rank 0 asks for the sets
             self._send_working_sets()
@@ -79,7 +80,7 @@ class PSWorker(WorkerPlugin):
             keys = self.ws[d].astype(dt)
             if bad != "none" and w.rank == 1 and i == 0:
                 keys = malformed(keys, bad, numel)
-            w.t.send(0, Kind.WORKSET, device=d, payload=keys)
+            w.t.send(0, WORKSET, device=d, payload=keys)
         w.t.send(0, Kind.HEARTBEAT)
         self.ws_sent = True
 
@@ -201,7 +202,7 @@ class PSWorker(WorkerPlugin):
         else:  # per-round filtered lists are not cached (they would evict the base)
             msg = enc.encode(k, v, base=base, remember=base is None)
         self.last_sparse[device] = (task, k, v, aux)
-        self.core.t.send(0, Kind.SPARSE, device=device, round=task, aux=aux, payload=msg.payload)
+        self.core.t.send(0, SPARSE, device=device, round=task, aux=aux, payload=msg.payload)
 
     def _resend(self, device: int, task: int) -> None:
         """Rank 0 lacked a cached key list: forget the cache, send the full index list."""
@@ -213,7 +214,7 @@ class PSWorker(WorkerPlugin):
         _, k, v, aux = last
         enc = self.encoders[device]
         enc.reset_cache()
-        self.core.t.send(0, Kind.SPARSE, device=device, round=task, aux=aux,
+        self.core.t.send(0, SPARSE, device=device, round=task, aux=aux,
                          payload=enc.encode(k, v).payload)  # fmt: skip
 
     def flush(self, d: int, task: int) -> bool:
