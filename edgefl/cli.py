@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_config_show)
     q = csub.add_parser("docs", help="print the configuration reference (Markdown)")
     q.set_defaults(func=cmd_config_docs)
+    q = csub.add_parser(
+        "matrix", help="print the composition matrix of the algorithm options (Markdown)"
+    )
+    q.set_defaults(func=cmd_config_matrix)
 
     from .bench import add_bench_parser
     from .report import add_parser as add_report_parser
@@ -118,7 +122,7 @@ def preflight(cfg: dict) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from .ckpt import load_checkpoint
-    from .config import load_config
+    from .config import load_config, with_values
     from .launcher import child_env, find_mpiexec
     from .runtime.rundir import prepare_run_dir, resolve_run_dir
 
@@ -132,11 +136,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         cfg = load_config(None, _overrides(args), doc=doc)
     else:
         cfg = load_config(args.config, _overrides(args))
+    # the effective config the ranks run with (written to the run directory)
+    effective: dict = {}
     if cfg["sim"]["clock"] == "auto":
-        cfg["sim"]["clock"] = "virtual"
+        effective["sim.clock"] = "virtual"
     prof = cfg["sim"]["profiles"]
     if prof.endswith((".toml", ".csv")) and not Path(prof).is_absolute():
-        cfg["sim"]["profiles"] = str(Path(prof).resolve())  # the ranks read the run's copy
+        effective["sim.profiles"] = str(Path(prof).resolve())  # the ranks read the run's copy
+    cfg = with_values(cfg, effective)
     ranks = cfg["fleet"]["ranks"]
     servers = cfg["ps"]["servers"]  # server shard ranks 1..servers (docs/parameter-server.md)
     if ranks - 1 - servers > cfg["fleet"]["devices"]:
@@ -151,7 +158,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     launcher = find_mpiexec()
     if launcher.failure_detection() == "timeout" and cfg["comm"]["failure_timeout_s"] == 0:
         # this MPI cannot report dead ranks: fall back to time-outs (docs/architecture.md, Failures)
-        cfg["comm"]["failure_timeout_s"] = 120.0
+        cfg = with_values(cfg, {"comm.failure_timeout_s": 120.0})
     preflight(cfg)
     run_dir = resolve_run_dir(cfg, args.out, args.resume, _stem(args.config))
     argv = [
@@ -250,6 +257,13 @@ def cmd_config_docs(args: argparse.Namespace) -> int:
     from .config.docs import reference_markdown
 
     sys.stdout.write(reference_markdown())
+    return 0
+
+
+def cmd_config_matrix(args: argparse.Namespace) -> int:
+    from .algorithms.compose import matrix_markdown
+
+    sys.stdout.write(matrix_markdown())
     return 0
 
 

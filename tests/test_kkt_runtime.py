@@ -84,6 +84,7 @@ def test_bad_combinations_are_one_line_config_errors(sets, keys):
 def test_good_combinations_pass():
     check_policies(_cfg("ps.sparse=true", 'ps.filters=["kkt", "significant"]', "server.l1=0.01"))
     check_policies(_cfg("ps.pull='working-set'", "ps.debug_bad_working_set='duplicate'"))
+    check_policies(_cfg("ps.sparse=true", "algorithm.gate='hermes'"))  # (allowed since)
     # another model: its working set is every key, so working-set pulls are full pulls
     check_policies(load_config(overrides=["ps.pull='working-set'"]))
 
@@ -164,3 +165,33 @@ def test_kkt_that_skips_nothing_changes_nothing():
     assert h[0] == h[1]
     ps = kkt.plugin("ps").summary()["ps"]
     assert ps["kkt_seen"] > 0 and ps["kkt_skipped"] == 0
+
+
+def test_sparse_pushes_under_the_hermes_gate():
+    """ps.sparse with algorithm.gate = "hermes" (no longer refused): a gated device's push
+    goes through its filter chain like any other. Lossless (float32, no filter) it ends with
+    the model of dense gated pushes, bit for bit; with the significance filter every device's
+    mass arrives (produced = received, to float rounding)."""
+    import hashlib
+
+    from conftest import SMALL_JOB, run_loopback_job
+
+    from edgefl.runtime.policies import check_policies
+
+    sets = [*SMALL_JOB, "fleet.devices=4", 'sim.clock="virtual"',
+            "sim.reference_s_per_sample=0.0001", 'algorithm.gate="hermes"']  # fmt: skip
+    check_policies(load_config(overrides=[*sets, "ps.sparse=true"]))
+    runs = [
+        run_loopback_job(load_config(overrides=s), ranks=3)
+        for s in (sets, [*sets, "ps.sparse=true"])
+    ]
+    assert [st for _, st in runs] == [[0, 0, 0]] * 2
+    h = [hashlib.sha256(c.global_model.tobytes()).hexdigest() for c, _ in runs]
+    assert h[0] == h[1]
+    filt = [*sets, "ps.sparse=true", 'ps.filters=["significant"]', "ps.sig_threshold=0.01"]
+    coord, st = run_loopback_job(load_config(overrides=filt), ranks=3)
+    assert st == [0, 0, 0]
+    mass = coord.plugin("ps").summary()["ps"]["mass"]
+    assert len(mass) == 4
+    for m in mass.values():
+        assert m["received"] == pytest.approx(m["produced"], rel=1e-8, abs=1e-9)

@@ -136,9 +136,19 @@ def test_replicas_hold_the_owners_range_after_every_apply():
     assert plain.server.summary()["ps"]["replica_bytes"] == 0
 
 
-@pytest.mark.parametrize("killed", [2, 3])
-def test_a_killed_shard_fails_over_and_the_run_is_bit_identical(killed):
-    over = [*SMALL, "ps.servers=3", "ps.replicas=2"]
+@pytest.mark.parametrize(
+    "killed, optimizer",
+    [
+        (2, []),
+        (3, []),
+        (2, ["server.optimizer=fedadam", "server.lr=0.05"]),
+        (3, ["server.optimizer=fedavgm"]),
+    ],
+)
+def test_a_killed_shard_fails_over_and_the_run_is_bit_identical(killed, optimizer):
+    """With a stateful server optimizer rank 0 sends the owners the optimizer state of the
+    version the round re-runs from (the survivors may have stepped theirs already)."""
+    over = [*SMALL, "ps.servers=3", "ps.replicas=2", *optimizer]
     ref, st0, _, _ = _loopback(load_config(overrides=over), ranks=6)
     coord, st, _, versions = _loopback(load_config(overrides=over), ranks=6, kill=(killed, 2))
     want = [0] * 6

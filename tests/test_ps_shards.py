@@ -40,11 +40,15 @@ def test_placement_skips_shard_ranks():
     "key, value",
     [
         ("algorithm.consistency", '"ssp"'),
-        ("algorithm.aggregation", '"median"'),
+        ("algorithm.aggregation", '"krum"'),
+        ("algorithm.aggregation", '"norm-clip"'),
+        ("algorithm.aggregation", '"loss-weighted"'),
         ("algorithm.gate", '"hermes"'),
         ("algorithm.residual", '"gddr"'),
+        ("robust.norm_bound", "5.0"),
         ("ps.sparse", "true"),
-        ("server.optimizer", '"fedadam"'),
+        ("ps.pull", '"working-set"'),
+        ("server.optimizer", '"tests_user_opt:update"'),
         ("dp.enabled", "true"),
     ],
 )
@@ -54,6 +58,74 @@ def test_unsupported_combinations_name_their_keys(key, value):
         check_shards(cfg)
     text = str(e.value)
     assert "'ps.servers' = 2" in text and key in text and "\n" not in text
+    assert " because " in text  # the reason
+
+
+# what the shards run since they apply every elementwise rule per key range (each choice is
+# checked bit for bit against the unsharded run below)
+ELEMENTWISE = {
+    "median": ["algorithm.aggregation=median"],
+    "trimmed-mean": ["algorithm.aggregation=trimmed-mean", "robust.trim_fraction=0.25"],
+    "mean": ["algorithm.aggregation=mean"],
+    "fedavgm": ["server.optimizer=fedavgm", "server.beta1=0.8"],
+    "fedadam": ["server.optimizer=fedadam", "server.lr=0.05"],
+    "fedyogi": ["server.optimizer=fedyogi", "server.lr=0.05"],
+    "fedadagrad": ["server.optimizer=fedadagrad", "server.lr=0.05"],
+    "l1-prox": ["server.l1=0.002"],
+    "fedadam-l1": ["server.optimizer=fedadam", "server.lr=0.05", "server.l1=0.002"],
+    "cd-grab": ["algorithm.ordering=cd-grab"],
+    # (allowed before; its allocation follows the timings: the virtual clock's here)
+    "hermes-allocation": ["algorithm.allocation=hermes", "allocation.trigger=always"],
+}
+# deterministic timings (the virtual clock, a fixed reference speed), as tests/golden pins
+PINNED = ['sim.clock="virtual"', "sim.reference_s_per_sample=0.0001"]
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
+def test_newly_allowed_choices_are_bit_identical_to_the_unsharded_run(name):
+    sets = [*SMALL, *PINNED, "data.args.dim=16", "model.args.hidden=[32]", *ELEMENTWISE[name]]
+    check_shards(load_config(overrides=[*sets, "ps.servers=2"]), 5)  # (no longer refused)
+    plain, st0 = run_loopback_job(load_config(overrides=sets), ranks=3)
+    sharded, st2 = run_loopback_job(load_config(overrides=[*sets, "ps.servers=2"]), ranks=5)
+    assert st0 == [0, 0, 0] and st2 == [0] * 5
+    assert sharded.version == plain.version == 3
+    assert np.isfinite(sharded.global_model).all()
+    assert _sha(sharded.global_model) == _sha(plain.global_model)
+    # a stateful optimizer's per-key state came back from the shards whole
+    want, got = plain.server_opt.state_dict(), sharded.server_opt.state_dict()
+    assert sorted(want) == sorted(got)
+    for k in want:
+        assert np.array_equal(want[k], got[k]), k
+
+
+def test_stateful_optimizer_on_shards_resumes_bit_exact(tmp_path):
+    """Rank 0's checkpoint holds the optimizer state the shards sent with every range, and
+    a resume sends it back: stopped after round 2 and resumed, the run ends bit-identical."""
+    from edgefl.ckpt import load_checkpoint
+    from edgefl.runtime.coordinator import Coordinator
+    from edgefl.runtime.state import build_task
+
+    sets = [*SMALL, *PINNED, "run.rounds=4", "server.optimizer=fedadam", "server.lr=0.05",
+            "ps.servers=2"]  # fmt: skip
+    ref, _ = run_loopback_job(load_config(overrides=sets), ranks=5)
+
+    def run(cfg, out, resume=None):
+        task0 = build_task(cfg)
+
+        def coordinator(cfg_, t, task, out_dir=None):
+            return Coordinator(cfg_, t, task0, out_dir=out, resume=resume)
+
+        return run_loopback_job(cfg, 5, coordinator_cls=coordinator)
+
+    out = tmp_path / "run"
+    out.mkdir()
+    part, st = run(load_config(overrides=[*sets, "debug.stop_after_round=2"]), out)
+    assert st[0] == 0 and part.version == 2
+    state = load_checkpoint(out / "checkpoints" / "ckpt-000002.h5")
+    assert state["server_optimizer"]["m"].shape == ref.global_model.shape
+    resumed, st = run(load_config(overrides=sets), out, resume=state)
+    assert st == [0] * 5 and resumed.version == 4
+    assert _sha(resumed.global_model) == _sha(ref.global_model)
 
 
 def test_ranks_must_leave_a_worker():
@@ -189,6 +261,19 @@ def test_sharded_mpi_run_matches_unsharded_and_resumes_bit_exact(tmp_path, launc
     resumed = json.loads((part / "summary.json").read_text())
     assert resumed["rounds_done"] == 4
     assert resumed["model_sha256"] == plain["model_sha256"]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_sharded_mpi_run_with_median_and_fedadam_matches_unsharded(tmp_path, launcher):
+    """Newly allowed on shards: a coordinate-wise robust rule and a stateful optimizer (its
+    state comes back to rank 0 with every range) give the unsharded model over mpiexec."""
+    extra = ["--set", "algorithm.aggregation=median", "--set", "server.optimizer=fedadam",
+             "--set", "server.lr=0.05"]  # fmt: skip
+    plain = _simulate(tmp_path / "plain", "--ranks", "3", *extra)
+    sharded = _simulate(tmp_path / "sharded", "--ranks", "5", "--set", "ps.servers=2", *extra)
+    assert sharded["rounds_done"] == plain["rounds_done"] == 4
+    assert sharded["model_sha256"] == plain["model_sha256"]
 
 
 @pytest.mark.mpi

@@ -53,7 +53,6 @@ def test_stop_and_resume_over_mpiexec(name, tmp_path, launcher):
     proc = run_edgefl(*argv)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((resumed / "summary.json").read_text())
-    assert summary["rounds_done"] == cfg["run"]["rounds"]
     assert summary["model_sha256"] == entry["model_sha256"], (
         f"{name}: stopped at round {k} and resumed over mpiexec, the final model differs"
     )

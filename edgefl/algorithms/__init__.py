@@ -25,11 +25,11 @@ from .base import CoordinatorPlugin, Plugin, Requirement, WorkerPlugin
 
 # built-in plugins in the order their hooks run: "module:Class" under edgefl.algorithms
 BUILTIN = (
-    "robust:NormBound",
-    "hermes:Hermes",
-    "gddr:GDDR",
-    "ps:ParameterServer",
-    "ordering:Ordering",
+    "robust.plugin:NormBound",
+    "hermes.plugin:Hermes",
+    "gddr.plugin:GDDR",
+    "ps.plugin:ParameterServer",
+    "ordering.plugin:Ordering",
 )
 
 

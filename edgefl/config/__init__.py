@@ -1,6 +1,13 @@
 """Validated TOML configuration. See ``docs/configuration.md`` for every key."""
 
-from .load import config_from_toml, dump_config, load_config, parse_override, read_toml
+from .load import (
+    config_from_toml,
+    dump_config,
+    load_config,
+    parse_override,
+    read_toml,
+    with_values,
+)
 from .schema import SCHEMA, Field, defaults, iter_fields
 
 __all__ = [
@@ -13,4 +20,5 @@ __all__ = [
     "load_config",
     "parse_override",
     "read_toml",
+    "with_values",
 ]

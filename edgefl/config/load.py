@@ -328,3 +328,21 @@ def dump_config(cfg: dict) -> str:
         for key, val in table.items():
             lines.append(f"{_toml_key(key)} = {_toml_value(val)}")
     return "\n".join(lines) + "\n"
+
+
+def with_values(cfg: dict, changes: dict[str, Any]) -> dict:
+    """A copy of config ``cfg`` with dotted ``changes`` (``{"sim.clock": "wall"}``) applied;
+    ``cfg`` itself is left as it was. The commands use it to resolve what the config leaves
+    open ("auto") into the effective config the ranks run with."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    for key, value in changes.items():
+        *path, last = key.split(".")
+        node = out
+        for part in path:
+            node = node[part]
+        if last not in node:
+            raise KeyError(f"config key '{key}' does not exist")
+        node[last] = value
+    return out

@@ -38,6 +38,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +60,12 @@ class Arrival:
         loss: mean local training loss of the task.
         delta: local model minus the model it started from (float32).
         time_s: when it arrived (virtual or wall seconds since the start).
+        seconds: how long the task took (virtual or measured seconds).
+        msg: the message it came in (the runtime releases its buffer after the apply).
+
+    It is also what aggregators combine (the fields of
+    :class:`~edgefl.policies.aggregation.Update`: ``device``, ``delta``, ``samples``,
+    ``loss``, ``round``): the runtime hands arrivals to them as they are.
     """
 
     device: int
@@ -68,6 +75,13 @@ class Arrival:
     loss: float
     delta: np.ndarray
     time_s: float = 0.0
+    seconds: float = 0.0
+    msg: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def round(self) -> int:
+        """The task number (orders a device's updates, as ``Update.round`` does)."""
+        return self.task
 
 
 @dataclass

@@ -228,5 +228,5 @@ def _restore_buffer(core: Any, buffered: dict) -> None:
     core.policy.load_state_dict(json.loads(core.flight_policy), deltas=deltas)
     for a, _s in core.policy.buffer:
         v = buffered[f"{a.device}:{a.task}"]
-        a.seconds = float(v["seconds"])  # type: ignore[attr-defined]
-        a.msg = Message(Kind.UPDATE, int(v["src"]), a.device, nbytes=int(v["nbytes"]))  # type: ignore[attr-defined]
+        a.seconds = float(v["seconds"])
+        a.msg = Message(Kind.UPDATE, int(v["src"]), a.device, nbytes=int(v["nbytes"]))

@@ -345,7 +345,7 @@ class Coordinator:
             del self.base_refs[v]
         for a in arr:
             if getattr(a, "msg", None) is not None:
-                self.t.release(a.msg)  # type: ignore[attr-defined]
+                self.t.release(a.msg)
         if self.t_failure is not None:
             self.recovery_s.append(time.monotonic() - self.t_failure)
             self.progress_after_failure_unix.append(time.time())
@@ -418,8 +418,8 @@ class Coordinator:
         seconds = ev.time - t0 if self.virtual else float(msg.aux[2])
         dev["time_s"] += seconds
         a = Arrival(ev.device, task, base, int(msg.aux[0]), float(msg.aux[1]), delta, ev.time)
-        a.seconds = seconds  # type: ignore[attr-defined]
-        a.msg = msg  # type: ignore[attr-defined]
+        a.seconds = seconds
+        a.msg = msg
         return a
 
     def book_up(self, d: int, nbytes: int) -> None:
@@ -542,7 +542,7 @@ class Coordinator:
             dec = self.policy.arrived(a, self.version, now, self.available)
             used = dec.apply is not None and any(x is a for x in dec.apply.arrivals)
             if not used and not self._buffered(a):
-                self.t.release(a.msg)  # type: ignore[attr-defined]
+                self.t.release(a.msg)
             return dec
         self.lost_tasks += 1
         self._rejected_streak += 1

@@ -48,7 +48,7 @@ def flush(core: Any) -> None:
         # nothing was held back: no extra model version (so a lossless run ends with
         # the model a plain run ends with, server prox included)
         for a in got:
-            core.t.release(a.msg)  # type: ignore[attr-defined]
+            core.t.release(a.msg)
         got = []
     if got:
         core.log_event("flush", now, -1, -1, devices=len(got))
@@ -85,6 +85,6 @@ def final_arrival(core: Any, key: tuple[int, int], msg: Message, now: float) -> 
         core.t.release(msg)
         return []
     a = Arrival(d, key[1], core.version, core.devices[d]["samples"], 0.0, delta, now)
-    a.msg = msg  # type: ignore[attr-defined]
-    a.seconds = 0.0  # type: ignore[attr-defined]
+    a.msg = msg
+    a.seconds = 0.0
     return [a]

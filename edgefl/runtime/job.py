@@ -16,6 +16,7 @@ import torch
 
 from ..ckpt import load_checkpoint
 from ..comm import Kind, Validator, mpi_transport
+from ..config import with_values
 from ..errors import ConfigError, EdgeflError
 from .placement import is_shard
 from .policies import check_policies, check_shards
@@ -55,8 +56,8 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
     from .worker import Worker, error_payload
 
     torch.set_num_threads(cfg["fleet"]["threads"])
-    if cfg["sim"]["clock"] == "auto":  # `edgefl simulate` writes "virtual" into the config
-        cfg["sim"]["clock"] = "wall"
+    if cfg["sim"]["clock"] == "auto":  # (`edgefl simulate` resolves it to "virtual")
+        cfg = with_values(cfg, {"sim.clock": "wall"})
     t = _transport(cfg, _rank())
     status = 2
     out_dir = None

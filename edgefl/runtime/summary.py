@@ -137,8 +137,8 @@ def record_row(core: Any, arr: list, now: float) -> None:
     core.period = new_period()
     row["wall_time_s"] = time.monotonic() - core._t0
     row["devices"] = {
-        str(a.device): {"bytes_up": HEADER_BYTES + a.msg.nbytes, "msgs_up": 1,  # type: ignore[attr-defined]
-                        "time_s": a.seconds}  # type: ignore[attr-defined]
+        str(a.device): {"bytes_up": HEADER_BYTES + a.msg.nbytes, "msgs_up": 1,
+                        "time_s": a.seconds}
         for a in arr
     }  # fmt: skip
     core.metrics.append(row)

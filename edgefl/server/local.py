@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 
 from ..comm.wire import HEADER_BYTES
-from ..policies.aggregation import Update
 from ..policies.consistency import Apply, Decision
 
 
@@ -52,9 +51,8 @@ class LocalServer:
         core = self.core
         g = core.global_model
         arr = ap.arrivals
-        if ap.mode == "aggregate":
-            ups = [Update(a.device, a.delta, a.samples, a.loss, core.version) for a in arr]
-            core.server_opt.step(g, core.aggregator.aggregate(ups, out=self.agg_buf))
+        if ap.mode == "aggregate":  # (arrivals are what aggregators combine)
+            core.server_opt.step(g, core.aggregator.aggregate(arr, out=self.agg_buf))
         elif ap.mode == "terms":
             acc = np.zeros(g.size, np.float64)
             for a, c in zip(arr, ap.coefs):

@@ -17,6 +17,9 @@ even_ranges`). The messages (docs/parameter-server.md, "Sharded server group"):
   samples, loss)): aggregate those pieces (they may still be on their way) with the same
   aggregator and server step rank 0 would use, elementwise over the range, so the model is
   bit-identical to an unsharded run; the new range goes back to rank 0 (``SHARD_MODEL``);
+- with a stateful server optimizer (fedavgm, fedadam, fedyogi, fedadagrad) every range's
+  optimizer state goes with it, one ``SHARD_MODEL`` per slot (aux3 = 1, 2, ...;
+  :data:`OPT_SLOTS`), and rank 0 sends it back the same way at a resume and after a failover;
 - rank 0 -> shard ``HEARTBEAT``: reply ``SHARD_STATS`` (the shard's wire counters);
 - ``STOP``: acknowledged with a ``HEARTBEAT`` like a worker.
 
@@ -44,6 +47,7 @@ import signal
 import socket
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +68,25 @@ from .kinds import (
 )
 
 log = logging.getLogger("edgefl.shard")
+
+# Per-key state of the built-in server optimizers, slot by slot: (its name in the
+# optimizer's state_dict, the attribute holding it). A shard keeps one optimizer per range
+# it owns and sends the range's state to rank 0 with every new range (SHARD_MODEL, aux3 =
+# the slot's number, 1, 2, ...), so rank 0's optimizer always holds the whole state of the
+# last complete version: checkpoints hold it, and a resume or a failover sends it back to
+# the ranges' owners (rank 0 -> shard SHARD_MODEL with aux3 = the slot's number).
+OPT_SLOTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "sgd": (),
+    "fedavgm": (("momentum", "b"),),
+    "fedadam": (("m", "m"), ("v", "v")),
+    "fedyogi": (("m", "m"), ("v", "v")),
+    "fedadagrad": (("m", "m"), ("v", "v")),
+}
+
+
+def opt_slots(cfg: dict) -> tuple[tuple[str, str], ...]:
+    """The per-key state slots of the configured server optimizer (none for sgd)."""
+    return OPT_SLOTS.get(cfg["server"]["optimizer"], ())
 
 
 def range_holders(index: int, servers: int, replicas: int) -> list[int]:
@@ -101,8 +124,6 @@ class Shard:
     """
 
     def __init__(self, cfg: dict, transport: Transport, numel: int, signature: str) -> None:
-        from edgefl.algorithms.server_opt.optimizers import make_server_optimizer
-
         self.cfg = cfg
         self.t = transport
         self.servers = cfg["ps"]["servers"]
@@ -118,7 +139,9 @@ class Shard:
         self.dead: set[int] = set()
         self.signature = signature
         self.aggregator = make_update_aggregator(cfg, cfg["fleet"]["devices"])
-        self.server_opt = make_server_optimizer(cfg["server"])
+        # one server optimizer per owned range (its per-key state is the range's only)
+        self.opts: dict[int, Any] = {}
+        self.slots = opt_slots(cfg)
         # ranges this shard owns: index -> values of version self.version
         self.own: dict[int, np.ndarray] = {}
         self.prev: dict[int, tuple[int, np.ndarray]] = {}  # index -> (older version, values)
@@ -187,6 +210,17 @@ class Shard:
             self.doing = f"receiving device {msg.device}'s update of task {msg.round}"
             i = self._check_range(msg, "SHARD_PUSH", owned=True)
             self.pieces[(i, msg.device, msg.round)] = np.array(msg.payload, np.float32)
+        elif k == SHARD_MODEL and msg.src == 0 and int(msg.aux[3]) > 0:
+            # the optimizer state of a range this shard owns (start, resume, failover)
+            i = self._check_range(msg, "SHARD_MODEL", owned=True)
+            slot = int(msg.aux[3]) - 1
+            if slot >= len(self.slots):
+                opt = self.cfg["server"]["optimizer"]
+                raise EdgeflError(
+                    f"shard rank {self.t.rank}: optimizer state slot {slot + 1} from rank 0; "
+                    f"{opt} has {len(self.slots)}"
+                )
+            setattr(self._opt(i), self.slots[slot][1], np.array(msg.payload, np.float32))
         elif k == SHARD_MODEL and msg.src == 0:
             self._check_range(msg, "SHARD_MODEL", owned=True)
             self.t.wait_sends()  # pulls of the old values must be out first
@@ -265,6 +299,9 @@ class Shard:
         self.pulls.clear()
         self.pieces.clear()
         self.t.wait_sends()
+        # rank 0 sends the optimizer state of version v for every range after the answers
+        # (none before its first complete apply: the optimizers start afresh, as at v)
+        self.opts.clear()
         values: dict[int, np.ndarray] = {}
         ok = True
         for i, o in enumerate(self.owners):
@@ -340,7 +377,7 @@ class Shard:
             agg = self.aggregator.aggregate(ups, out=buf)
             # a new array when the old values are kept for a rollback (ps.replicas > 1)
             val = cur.copy() if self.replicas > 1 else cur
-            self.server_opt.step(val, agg)
+            self._opt(i).step(val, agg)
             new[i] = val
         # pieces of tasks older than the applied ones are of dropped tasks: forget them
         done = dict(keys)
@@ -353,6 +390,20 @@ class Shard:
                 0, SHARD_MODEL, round=version,
                 aux=(float(r.start), float(r.stop), float(self.epoch), 0.0), payload=a,
             )  # fmt: skip
+            for j, (_name, attr) in enumerate(self.slots):  # the range's optimizer state
+                self.t.send(
+                    0, SHARD_MODEL, round=version,
+                    aux=(float(r.start), float(r.stop), float(self.epoch), float(j + 1)),
+                    payload=getattr(self.opts[i], attr).copy(),
+                )  # fmt: skip
+
+    def _opt(self, i: int) -> Any:
+        """The server optimizer of range ``i`` (made on first use: fresh state)."""
+        if i not in self.opts:
+            from edgefl.algorithms.server_opt.optimizers import make_server_optimizer
+
+            self.opts[i] = make_server_optimizer(self.cfg["server"])
+        return self.opts[i]
 
 
 __all__ = ["Shard", "fail_over", "range_holders"]

@@ -23,6 +23,7 @@ from ..comm.wire import HEADER_BYTES
 from ..errors import ConfigError, EdgeflError
 from ..policies.consistency import Apply, Arrival, Decision, make_consistency
 from ..policies.keyrange import even_ranges
+from ..runtime.policies import SHARD_NEEDS
 from .kinds import (
     SHARD_APPLY,
     SHARD_MODEL,
@@ -32,7 +33,7 @@ from .kinds import (
     SHARD_STATS,
 )
 from .local import LocalServer
-from .shard import fail_over
+from .shard import fail_over, opt_slots
 
 log = logging.getLogger("edgefl.coordinator")
 
@@ -41,6 +42,9 @@ class ShardedServer(LocalServer):
     """Rank 0's side of a sharded server group (see the module docstring)."""
 
     remote_updates = True  # rank 0 gets REPORTs; the values go to the shards
+    # what the group needs of the rest of the config (declared as data, checked before any
+    # rank starts; edgefl/runtime/policies.py, docs/composition.md)
+    requires = SHARD_NEEDS
 
     def __init__(self, core: Any) -> None:
         super().__init__(core)
@@ -65,6 +69,9 @@ class ShardedServer(LocalServer):
         self._rerun_dec: Decision | None = None
         self.wait_s = 0.0  # rank 0 waiting for the shards' new ranges, seconds
         self.snap: dict | None = None  # the state of the last complete version
+        # per-key state of a stateful server optimizer: the shards send each range's with
+        # every new range, and it lands in core.server_opt (checkpoints, resume, failover)
+        self.slots = opt_slots(cfg)
 
     # -- the backend hooks ------------------------------------------------------------------
     def register(self, rank: int, info: dict) -> bool:
@@ -91,6 +98,7 @@ class ShardedServer(LocalServer):
                 s, SHARD_MODEL, round=core.version,
                 aux=(float(r.start), float(r.stop), 0.0, 0.0), payload=g[r.start : r.stop],
             )  # fmt: skip
+        self._send_opt_state()  # (a resume: the checkpoint's optimizer state)
         if self.replicas > 1:  # a re-run of the first round starts here
             self._take_snap(time.monotonic() - core._t0, core.ev.now)
 
@@ -202,7 +210,8 @@ class ShardedServer(LocalServer):
         for s in owners:
             core.t.send(s, SHARD_APPLY, round=core.version + 1, payload=payload)
         t0 = time.perf_counter()
-        counts = {s: self.owners.count(s) for s in owners}
+        # one SHARD_MODEL per owned range, and one per optimizer state slot of each
+        counts = {s: self.owners.count(s) * (1 + len(self.slots)) for s in owners}
         got = self._from_shards(SHARD_MODEL, core.version + 1, counts)
         self.wait_s += time.perf_counter() - t0
         if got is None:
@@ -223,8 +232,33 @@ class ShardedServer(LocalServer):
                 f"{bounds[1]}); it owns ranges {[i for i, o in enumerate(self.owners) if o == s]}"
             )
         r = self.ranges[i]
-        self.core.global_model[r.start : r.stop] = msg.payload
+        slot = int(msg.aux[3])  # 0: the model's values; j > 0: optimizer state slot j
+        if slot == 0:
+            self.core.global_model[r.start : r.stop] = msg.payload
+        else:
+            opt, attr = self.core.server_opt, self.slots[slot - 1][1]
+            if getattr(opt, attr) is None:  # (every range of it comes in the same apply)
+                setattr(opt, attr, np.zeros(self.core.global_model.size, np.float32))
+            getattr(opt, attr)[r.start : r.stop] = msg.payload
         self.core.t.release(msg)
+
+    def _send_opt_state(self) -> None:
+        """Send every range's owner the range's server optimizer state held here (that of
+        the last complete version: at a resume, the checkpoint's; after a failover, the
+        state the re-run round starts from). Nothing before the first step: the shards'
+        optimizers then start afresh, as rank 0's would."""
+        opt = self.core.server_opt
+        bufs = [getattr(opt, attr) for _name, attr in self.slots]
+        if not bufs or any(b is None for b in bufs):
+            return
+        aux2 = float(self.owner_epoch)
+        for s, r in zip(self.owners, self.ranges):
+            for j, b in enumerate(bufs):
+                self.core.t.send(
+                    s, SHARD_MODEL, round=self.core.version,
+                    aux=(float(r.start), float(r.stop), aux2, float(j + 1)),
+                    payload=b[r.start : r.stop],
+                )  # fmt: skip
 
     def _from_shards(
         self, kind: Kind, round_: int | None, counts: dict[int, int] | None = None
@@ -301,6 +335,7 @@ class ShardedServer(LocalServer):
             log.error("shards %s lack version %d of a range they now own", missing,
                       core.version)  # fmt: skip
             return False
+        self._send_opt_state()  # (the shards dropped theirs: the re-run starts from v's)
         self.broken = True
         core.t_failure = time.monotonic()
         self.failovers.append(
@@ -322,7 +357,7 @@ class ShardedServer(LocalServer):
         same tasks (task numbers seed the training, so the re-run is deterministic)."""
         core = self.core
         for a in arr:
-            core.t.release(a.msg)  # type: ignore[attr-defined]
+            core.t.release(a.msg)
         snap = self.snap
         # a fresh policy with the snapshot's state, as a resume from a checkpoint has
         samples = {d: v["samples"] for d, v in sorted(snap["devices"].items())}

@@ -181,7 +181,7 @@ class PSCoordinator(CoordinatorPlugin):
         """A device's final flush (SPARSE; UPDATE from a device that never pushed); its aux
         says (samples, mass_checksum of all it produced, KKT entries skipped, KKT entries
         seen). Its bytes count as the device's upload."""
-        msg = a.msg  # type: ignore[attr-defined]
+        msg = a.msg
         self.mass.setdefault(d, [0.0, 0.0, 0.0])[0] = float(msg.aux[1])
         if msg.kind == Kind.UPDATE:  # (SPARSE ones were booked when decoded)
             keys = np.flatnonzero(a.delta)
