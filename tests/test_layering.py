@@ -277,7 +277,7 @@ def _pure(m: str) -> bool:
     return (
         len(parts) == 4
         and parts[:2] == ["edgefl", "algorithms"]
-        and parts[3] not in ("coordinator", "worker", "kinds")
+        and parts[3] not in ("coordinator", "worker", "kinds", "plugin")
     )
 
 

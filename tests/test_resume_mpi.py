@@ -21,9 +21,9 @@ from golden.configs import effective_config, job, load_models, simulate_argv  # 
 
 MODELS = load_models()
 SAMPLE = (
-    "fedavg_small",
     "hermes",  # ASP, gated devices, allocation, loss-weighted
     "hermes_softmax_broadcast_all",
+    "gddr",
     "gddr_adaptive",
     "hermes_gddr",
     "cdgrab_step",
@@ -31,8 +31,7 @@ SAMPLE = (
     "fedbuff",
     "fedasync_hinge",
     "server_fedadam",
-    "krum_byzantine",
-    "ps_sparse_keycache",
+    "ps_significant_float16",  # sparse pushes with a filter: the filter residuals
     "ps_servers_3_replicas_2",
 )
 

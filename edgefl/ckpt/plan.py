@@ -178,11 +178,6 @@ def rebuild_state(nodes: list[Node]) -> dict[str, Any]:
     return root
 
 
-def state_nbytes(nodes: list[Node]) -> int:
-    """Total bytes of leaf data in ``nodes``."""
-    return sum(n.data.nbytes for n in nodes if n.data is not None)
-
-
 def short_value(value: Any, width: int = 60) -> str:
     """One-line rendering of a scalar-ish value, cut to about ``width`` characters."""
     text = repr(value).replace("\n", "\\n")

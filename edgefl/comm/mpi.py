@@ -543,8 +543,3 @@ def world_info() -> tuple[int, int, int]:
     local = node.Get_rank()
     node.Free()
     return comm.Get_rank(), comm.Get_size(), local
-
-
-def mpi_library() -> str:
-    """The MPI library's version string (first line)."""
-    return MPI.Get_library_version().splitlines()[0].strip()

@@ -76,7 +76,6 @@ NUMPY_OF = {
     DType.INT64: np.dtype("<i8"),
     DType.FLOAT16: np.dtype("<f2"),
 }
-CODE_OF = {v: k for k, v in NUMPY_OF.items()}
 _CODE_OF_CHAR = {v.str: int(k) for k, v in NUMPY_OF.items()}
 
 

@@ -13,11 +13,6 @@ from edgefl.errors import DataError
 _SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_.]*$")
 
 
-def is_callable_spec(text: str) -> bool:
-    """True if ``text`` has the ``module:function`` form (it may still fail to import)."""
-    return ":" in text
-
-
 def resolve_callable(spec: str, where: str) -> Callable[..., Any]:
     """Import ``"pkg.module:function"`` and return the function.
 

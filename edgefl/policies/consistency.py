@@ -335,7 +335,6 @@ class SSP(Consistency):
         self.equal = equal_weights
         self.clock = {d: 0 for d in self.devices}
         self.active: set[int] = set(self.devices)  # not known offline / dead
-        self.blocked: set[int] = set()
 
     def start(self, now: float, available: Available) -> Decision:
         return self._release(now, available)

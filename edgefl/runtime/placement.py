@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 
 def devices_of_rank(rank: int, num_devices: int, num_ranks: int, servers: int = 0) -> list[int]:
     """Device ids hosted by worker ``rank`` (round-robin over the worker ranks).
@@ -29,15 +27,6 @@ def rank_of_device(device: int, num_ranks: int, servers: int = 0) -> int:
 def is_shard(rank: int, servers: int) -> bool:
     """Is ``rank`` a server shard (ranks 1..servers with ``ps.servers = servers``)?"""
     return 1 <= rank <= servers
-
-
-def local_rank_from_env() -> int | None:
-    """The node-local rank set by common launchers (Open MPI, MPICH/Hydra, Slurm), if any."""
-    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID"):
-        v = os.environ.get(var)
-        if v is not None and v.isdigit():
-            return int(v)
-    return None
 
 
 def torch_device_for(

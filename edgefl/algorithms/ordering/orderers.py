@@ -147,13 +147,6 @@ def pair_item_signs(pair_signs: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def pair_differences(grads: np.ndarray) -> np.ndarray:
-    """PairBalance vectors ``g[2k] - g[2k+1]`` (float64, ``(n // 2, d)``) of visit-ordered rows."""
-    g = np.asarray(grads)
-    p = g.shape[0] // 2
-    return g[0 : 2 * p : 2].astype(np.float64) - g[1 : 2 * p : 2].astype(np.float64)
-
-
 def herding_bound(grads_by_worker: Sequence[np.ndarray], norm: str = "inf") -> float:
     """Herding bound of one epoch: ``max_t || sum_{j <= t} sum_w (g[w][j] - gbar) ||``.
 
