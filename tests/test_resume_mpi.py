@@ -23,13 +23,11 @@ MODELS = load_models()
 SAMPLE = (
     "hermes",  # ASP, gated devices, allocation, loss-weighted
     "hermes_softmax_broadcast_all",
-    "gddr",
     "gddr_adaptive",
     "hermes_gddr",
     "cdgrab_step",
     "dp",
     "fedbuff",
-    "fedasync_hinge",
     "server_fedadam",
     "ps_significant_float16",  # sparse pushes with a filter: the filter residuals
     "ps_servers_3_replicas_2",

@@ -336,7 +336,13 @@ def run_loopback(sets: list[str], timeout: float = 300.0) -> tuple[dict, int]:
         summary = json.loads((run_dir / "summary.json").read_text())
     if summary["model_sha256"] != sha256_of(coord.global_model):
         raise AssertionError("summary.json model_sha256 is not the coordinator's global model")
+    SUMMARIES[tuple(sets)] = summary
     return summary, ranks
+
+
+# summary.json of every config run in this process (tests/test_resume_exact.py compares a
+# resumed run's statistics with the uninterrupted run's without running it again)
+SUMMARIES: dict[tuple[str, ...], dict] = {}
 
 
 def simulate_argv(sets: list[str], out: Path) -> list[str]:
