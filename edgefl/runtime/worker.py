@@ -260,42 +260,30 @@ class Worker:
         spec = spec or TaskSpec()
         self.doing = f"training device {device} (task {task}, model version {version})"
         if spec.flags & FLUSH:
-            if not any(p.flush(device, task) for p in self.plugins):
-                aux = (float(self.data.num_samples(device)), 0.0, 0.0, 0.0)
-                self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux,
-                            payload=np.zeros(self.global_model.size, np.float32))  # fmt: skip
+            self._flush(device, task)
             return
         if self._snap:
             self.snapshots[device] = (task, devstate.snapshot(self, device))
         self.debug.before_task()
-        dev = self.torch_dev[device]
-        model, flat = self.model_on(dev)
         st = self._local_state(device, version, spec.flags)
-        flat.from_host(st.params if self.gated else self.versions[version])
-        train_ds, holdout = self._hook("split", device, self.data.train(device)) or (
-            self.data.train(device), None)  # fmt: skip
-        if 0 < spec.samples < len(train_ds):
-            g = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, task, SUBSET))
-            idx = torch.randperm(len(train_ds), generator=g)[: spec.samples].sort().values
-            train_ds = torch.utils.data.Subset(train_ds, idx.tolist())
-        start = self.versions.get(version)
-        job = LocalJob(device, task, version, spec, model, train_ds, dev, start)
+        job, holdout = self._job(device, task, version, spec, st)
         t0 = time.perf_counter()
         for p in self.plugins:
             p.before_train(device, job)
         loss = self._hook("train", device, job)
         if loss is None:
             loss = self._local_train(job, task, device)
-        if dev.startswith("cuda"):
-            torch.cuda.synchronize(dev)
+        if job.torch_device.startswith("cuda"):
+            torch.cuda.synchronize(job.torch_device)
         seconds = time.perf_counter() - t0
+        flat = self.model_on(job.torch_device)[1]
         if self.gated:
             np.copyto(st.params, flat.to_host())
             st.iterations += 1
             push, loss, z = self._hook("gate", device, job, holdout, st.iterations)
             if not push:
                 self.t.send(0, Kind.REPORT, device=device, round=task,
-                            aux=(float(len(train_ds)), float(loss), seconds, z))  # fmt: skip
+                            aux=(float(len(job.dataset)), float(loss), seconds, z))  # fmt: skip
                 return
             del self.local[device]
         delta = self.buffer()
@@ -304,6 +292,28 @@ class Worker:
         job.aux = (float(self.data.num_samples(device)), float(loss), seconds,
                    float(st.iterations))  # fmt: skip
         self._send_update(device, job, delta)
+
+    def _flush(self, device: int, task: int) -> None:
+        """End of training: a plugin sends what the device holds back, or a zero UPDATE."""
+        if not any(p.flush(device, task) for p in self.plugins):
+            aux = (float(self.data.num_samples(device)), 0.0, 0.0, 0.0)
+            self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux,
+                        payload=np.zeros(self.global_model.size, np.float32))  # fmt: skip
+
+    def _job(self, device: int, task: int, version: int, spec: TaskSpec, st: _LocalState):
+        """The task's model (set to its start), its training examples (a seeded subset when
+        ``spec.samples`` asks for fewer) and the held-out split (a gate's, else None)."""
+        dev = self.torch_dev[device]
+        model, flat = self.model_on(dev)
+        flat.from_host(st.params if self.gated else self.versions[version])
+        train_ds, holdout = self._hook("split", device, self.data.train(device)) or (
+            self.data.train(device), None)  # fmt: skip
+        if 0 < spec.samples < len(train_ds):
+            g = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, task, SUBSET))
+            idx = torch.randperm(len(train_ds), generator=g)[: spec.samples].sort().values
+            train_ds = torch.utils.data.Subset(train_ds, idx.tolist())
+        start = self.versions.get(version)
+        return LocalJob(device, task, version, spec, model, train_ds, dev, start), holdout
 
     def _local_state(self, device: int, version: int, flags: int) -> _LocalState:
         """Where the task starts: a gated device's own local model (CONTINUE; after a
