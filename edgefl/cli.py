@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -105,27 +104,20 @@ def _stem(config: str | None) -> str:
     return Path(config).stem if config else "default"
 
 
-def preflight(cfg: dict) -> None:
-    """Build the data source and model once here, so a bad plug-in, missing file or bad
-    model argument fails with one line before any MPI rank starts."""
-    from .runtime.policies import check_policies
-    from .runtime.state import build_task
-
-    check_policies(cfg)
-    task = build_task(cfg, "cpu")
-    task.data.test()
-    if cfg["sim"]["clock"] == "virtual":
-        from .sim.profiles import load_fleet
-
-        load_fleet(cfg["sim"]["profiles"], cfg["fleet"]["devices"], cfg["seed"])
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from .api import (
+        banner,
+        check_ranks_can_import,
+        launch_mpi,
+        mpi_command,
+        mpi_launcher,
+        preflight,
+        simulation_config,
+    )
     from .ckpt import load_checkpoint
-    from .config import load_config, with_values
-    from .launcher import child_env, find_mpiexec
     from .runtime.rundir import prepare_run_dir, resolve_run_dir
 
+    doc = None
     if args.resume and not args.config:
         # no config given: continue the checkpoint's own run (its config, plus any --set)
         import tomllib
@@ -133,75 +125,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         doc = tomllib.loads(load_checkpoint(args.resume)["config_toml"])
         # fault-test hooks describe the interrupted job, not its continuation
         doc.get("debug", {}).pop("kill_ranks", None)
-        cfg = load_config(None, _overrides(args), doc=doc)
-    else:
-        cfg = load_config(args.config, _overrides(args))
     # the effective config the ranks run with (written to the run directory)
-    effective: dict = {}
-    if cfg["sim"]["clock"] == "auto":
-        effective["sim.clock"] = "virtual"
-    prof = cfg["sim"]["profiles"]
-    if prof.endswith((".toml", ".csv")) and not Path(prof).is_absolute():
-        effective["sim.profiles"] = str(Path(prof).resolve())  # the ranks read the run's copy
-    cfg = with_values(cfg, effective)
-    ranks = cfg["fleet"]["ranks"]
-    servers = cfg["ps"]["servers"]  # server shard ranks 1..servers (docs/parameter-server.md)
-    if ranks - 1 - servers > cfg["fleet"]["devices"]:
-        ranks = cfg["fleet"]["devices"] + 1 + servers  # no idle worker ranks
-    if servers:
-        from .runtime.policies import check_shards
-
-        check_shards(cfg, ranks)
+    cfg, ranks = simulation_config(args.config, _overrides(args), doc=doc)
     if args.resume:
         load_checkpoint(args.resume)  # fail early on a missing or corrupt checkpoint
-    _check_mpi4py()
-    launcher = find_mpiexec()
-    if launcher.failure_detection() == "timeout" and cfg["comm"]["failure_timeout_s"] == 0:
-        # this MPI cannot report dead ranks: fall back to time-outs (docs/architecture.md, Failures)
-        cfg = with_values(cfg, {"comm.failure_timeout_s": 120.0})
+    check_ranks_can_import(cfg)
+    launcher, cfg = mpi_launcher(cfg)
     preflight(cfg)
     run_dir = resolve_run_dir(cfg, args.out, args.resume, _stem(args.config))
-    argv = [
-        sys.executable,
-        "-m",
-        "edgefl",
-        "run",
-        str(run_dir / "config.toml"),
-        "--out",
-        str(run_dir),
-    ]
-    if args.resume:
-        argv += ["--resume", str(args.resume)]
-    cmd = launcher.command(ranks, argv)
+    cmd = mpi_command(launcher, ranks, run_dir, args.resume)
     if args.dry_run:
         print(" ".join(cmd))
         return 0
     prepare_run_dir(run_dir, cfg, resuming=bool(args.resume))
-    print(
-        f"edgefl simulate: {cfg['fleet']['devices']} devices on {ranks - 1 - servers} worker "
-        f"ranks + {f'{servers} server shards + ' if servers else ''}coordinator "
-        f"({launcher.flavor} {launcher.version}), run directory {run_dir}",
-        flush=True,
-    )
-    status_file = run_dir / "exit_status"
-    status_file.unlink(missing_ok=True)
+    print(banner(cfg, ranks, launcher, run_dir), flush=True)
     try:
-        proc = subprocess.run(cmd, env=child_env(sys.stdout.isatty()))
+        return launch_mpi(cmd, run_dir)
     except KeyboardInterrupt:
         return 130
-    try:  # rank 0's verdict: an MPI without ULFM reports a killed rank as the job's status
-        return int(status_file.read_text().strip())
-    except (OSError, ValueError):
-        return proc.returncode
-
-
-def _check_mpi4py() -> None:
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        raise EdgeflError(
-            "mpi4py is not installed: pip install 'edgefl[mpi]' (mpi4py + Open MPI)"
-        ) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -211,7 +152,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"'mpiexec -n 4 edgefl run {args.config}' (or let 'edgefl simulate "
             f"{args.config}' launch it)"
         )
-    _check_mpi4py()
+    from .api import check_mpi4py
+
+    check_mpi4py()
     from .comm.mpi import world_info
 
     rank, size, local_rank = world_info()

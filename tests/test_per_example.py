@@ -194,7 +194,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError):
         PerExampleGrads(model, "classification", method="fast")
     with pytest.raises(Exception, match="task"):
-        PerExampleGrads(model, "regression")
+        PerExampleGrads(model, "segmentation")
     pe = PerExampleGrads(model, "classification")
     g, losses = pe(torch.zeros(0, 5), torch.zeros(0, dtype=torch.long))
     assert g.shape == (0, 18) and losses.shape == (0,)

@@ -31,6 +31,7 @@ SAMPLE = (
     "server_fedadam",
     "ps_significant_float16",  # sparse pushes with a filter: the filter residuals
     "ps_servers_3_replicas_2",
+    "scaffold_small",  # server and client control variates
 )
 
 

@@ -9,7 +9,10 @@ coordinator half, its worker half and its config check side by side:
 - :mod:`edgefl.algorithms.ordering`: CD-GraB, D-RR, ID-GraB example orders;
 - :mod:`edgefl.algorithms.ps`: parameter-server pushes and pulls (filters, compression,
   key caching, working-set pulls);
-- :mod:`edgefl.algorithms.robust`: the norm-bound update filter.
+- :mod:`edgefl.algorithms.robust`: the norm-bound update filter;
+- :mod:`edgefl.algorithms.fedprox`: FedProx's proximal term on local training;
+- :mod:`edgefl.algorithms.scaffold`: SCAFFOLD's server and client control variates;
+- :mod:`edgefl.algorithms.fedeval`: federated (per-device) evaluation with user metrics.
 
 A user's plugin is a :class:`~edgefl.algorithms.base.Plugin` subclass named in
 ``algorithm.plugins = ["module:Class"]`` (docs/write-your-own-algorithm.md).
@@ -25,11 +28,17 @@ from .base import CoordinatorPlugin, Plugin, Requirement, WorkerPlugin
 
 # built-in plugins in the order their hooks run: "module:Class" under edgefl.algorithms
 BUILTIN = (
+    "fedbn.plugin:ModelBuffers",
+    "fedbn.plugin:FedBN",  # first worker half: its gate/send_update must run before the others
+    "clientmetrics.plugin:ClientMetrics",  # sends before any plugin sends the update itself
     "robust.plugin:NormBound",
     "hermes.plugin:Hermes",
     "gddr.plugin:GDDR",
     "ps.plugin:ParameterServer",
     "ordering.plugin:Ordering",
+    "fedprox.plugin:FedProx",
+    "scaffold.plugin:Scaffold",
+    "fedeval.plugin:FederatedEvaluation",
 )
 
 

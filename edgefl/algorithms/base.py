@@ -42,6 +42,8 @@ Coordinator hooks, in the order the core calls them during a run:
                            the core writes itself is refused with a warning)
 ``state_dict()``           what a resume needs; saved in every checkpoint under the name
 ``load_state_dict(st)``    restore it (called after :meth:`on_registered` on resume)
+``on_row(row)``            add keys to the metrics row of a new version before it is
+                           written (after the core's own keys)
 =========================  ============================================================
 
 Worker hooks:
@@ -105,6 +107,10 @@ class LocalJob:
         torch_device: e.g. ``"cpu"`` or ``"cuda:0"``.
         start: the start model (flat float32, read-only).
         ctx: plugin data for later hooks of the same task.
+        fit_task: the :class:`edgefl.training.FitTask` handed to the client hook.
+        fit_ctx: the :class:`edgefl.training.FitContext` handed to the client hook
+            (plugins add loss penalties and gradient hooks to it in ``before_train``).
+        metrics: the client's metrics of the task (by name), once trained.
     """
 
     device: int
@@ -117,6 +123,9 @@ class LocalJob:
     start: np.ndarray | None = None
     aux: tuple = ()
     ctx: dict = field(default_factory=dict)
+    fit_task: Any = None
+    fit_ctx: Any = None
+    metrics: dict = field(default_factory=dict)
 
 
 class CoordinatorPlugin:
@@ -177,6 +186,8 @@ class CoordinatorPlugin:
         return {}
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def on_row(self, row: dict) -> None: ...
 
 
 class WorkerPlugin:

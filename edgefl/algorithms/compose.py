@@ -113,6 +113,11 @@ OPTIONS: tuple[Option, ...] = (
     _o("ps-working-set", "working-set pulls (clicks data, logreg)", *_CLICKS,
        'ps.pull="working-set"'),
     _o("sharded", "sharded server group (2 shards, 5 ranks)", "ps.servers=2", "fleet.ranks=5"),
+    _o("fed-eval", "federated evaluation of every version", "evaluation.every=1"),
+    _o("adam-cosine", "local Adam, cosine learning-rate schedule", 'train.optimizer="adam"',
+       "train.lr=0.01", 'train.lr_schedule="cosine"'),
+    _o("fedprox", "FedProx (mu = 0.1)", "fedprox.enabled=true", "fedprox.mu=0.1"),
+    _o("scaffold", "SCAFFOLD control variates", "scaffold.enabled=true"),
 )  # fmt: skip
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -10,7 +10,17 @@ import argparse
 import importlib
 
 # module names, in the order ``edgefl bench --help`` lists them
-BENCHES = ("transport", "rounds", "consistency", "hermes", "gddr", "cdgrab", "faults", "ps")
+BENCHES = (
+    "transport",
+    "rounds",
+    "consistency",
+    "hermes",
+    "gddr",
+    "cdgrab",
+    "faults",
+    "ps",
+    "drift",
+)
 
 
 def add_bench_parser(sub) -> None:

@@ -10,11 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..algorithms.dp.config import SECTIONS as DP_SECTIONS
+from ..algorithms.fedeval.config import SECTIONS as FEDEVAL_SECTIONS
+from ..algorithms.fedprox.config import SECTIONS as FEDPROX_SECTIONS
 from ..algorithms.gddr.config import SECTIONS as GDDR_SECTIONS
 from ..algorithms.hermes.config import SECTIONS as HERMES_SECTIONS
 from ..algorithms.ordering.config import SECTIONS as ORDERING_SECTIONS
 from ..algorithms.ps.config import SECTIONS as PS_SECTIONS
 from ..algorithms.robust.config import SECTIONS as ROBUST_SECTIONS
+from ..algorithms.scaffold.config import SECTIONS as SCAFFOLD_SECTIONS
 from .fields import Field, field
 
 SCHEMA: dict[str, Any] = {
@@ -105,6 +108,14 @@ SCHEMA: dict[str, Any] = {
             "Keyword arguments of the model; keys not given take the defaults at the end of "
             "this page.",
         ),
+        "buffers": field(
+            "federate",
+            "str",
+            "Registered floating-point buffers (e.g. BatchNorm running statistics): federate "
+            "(averaged like the parameters, sample-weighted) or local (each device keeps its "
+            "own, FedBN).",
+            choices=("federate", "local"),
+        ),
     },
     "train": {
         "local_epochs": field(1, "int", "Local epochs per round (E) when local_steps is 0.", min=1),
@@ -117,6 +128,45 @@ SCHEMA: dict[str, Any] = {
             0.0, "float", "Local SGD momentum (reset every round).", min=0.0, max=1.0
         ),
         "weight_decay": field(0.0, "float", "Local SGD L2 weight decay.", min=0.0),
+        "client": field(
+            "",
+            "str",
+            "Local training: empty = the built-in trainer, or 'package.module:Name' (a class "
+            "or function with the client hook's fit method; docs/custom-data-and-models.md).",
+        ),
+        "loss": field(
+            "auto",
+            "str",
+            "Training loss: auto (cross-entropy for classification and lm, mse for "
+            "regression, bce-with-logits for binary), cross-entropy, bce-with-logits, mse, "
+            "or 'package.module:function' (mean over the batch; see the loss contract).",
+        ),
+        "optimizer": field(
+            "sgd",
+            "str",
+            "Local optimizer, made fresh each task: sgd (momentum, weight_decay), adam, adamw "
+            "(beta1, beta2, weight_decay), or 'package.module:function' called as "
+            "fn(params, lr, train_section) -> torch optimizer.",
+        ),
+        "beta1": field(0.9, "float", "Adam/AdamW first-moment decay, in [0, 1).", min=0.0),
+        "beta2": field(0.999, "float", "Adam/AdamW second-moment decay, in [0, 1).", min=0.0),
+        "lr_schedule": field(
+            "constant",
+            "str",
+            "Per-round learning rate: constant, step (x lr_gamma every lr_step_rounds), "
+            "exponential (x lr_gamma per round) or cosine (to 0 at run.rounds); the round is "
+            "the global model version the task starts from.",
+            choices=("constant", "step", "exponential", "cosine"),
+        ),
+        "lr_gamma": field(
+            0.5,
+            "float",
+            "Decay factor of the step and exponential schedules, in (0, 1].",
+            min=0.0,
+            exclusive_min=True,
+            max=1.0,
+        ),
+        "lr_step_rounds": field(10, "int", "Rounds between decays of the step schedule.", min=1),
     },
     "server": {
         "lr": field(
@@ -257,6 +307,9 @@ SCHEMA: dict[str, Any] = {
     **PS_SECTIONS,
     **ROBUST_SECTIONS,
     **DP_SECTIONS,
+    **FEDEVAL_SECTIONS,
+    **FEDPROX_SECTIONS,
+    **SCAFFOLD_SECTIONS,
     "sim": {
         "clock": field(
             "auto",
@@ -324,6 +377,22 @@ SCHEMA: dict[str, Any] = {
             "str",
             "Rank 0 output: auto (bar on a terminal, lines otherwise), bar, lines, quiet.",
             choices=("auto", "bar", "lines", "quiet"),
+        ),
+        "trackers": field(
+            [],
+            "list[str]",
+            "Experiment trackers fed every metrics row: csv (metrics.csv in the run "
+            "directory), tensorboard (extra 'tensorboard'), mlflow (extra 'mlflow').",
+            choices=("csv", "tensorboard", "mlflow"),
+        ),
+        "mlflow_uri": field(
+            "",
+            "str",
+            "MLflow tracking URI for the mlflow tracker (empty: a SQLite store, "
+            "<run directory>/mlruns/mlflow.db).",
+        ),
+        "mlflow_experiment": field(
+            "edgefl", "str", "MLflow experiment the mlflow tracker logs its run under."
         ),
     },
     "debug": {

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from edgefl.errors import DataError
 
-TASKS = ("classification", "lm")
+TASKS = ("classification", "lm", "regression", "binary")
 INPUT_DTYPES = ("float32", "int64")
 
 # Domain tags: the second word of every random-stream key, one per source, so that two
@@ -42,8 +42,11 @@ class DataInfo:
         input_shape: shape of one example's features, without the batch dimension, e.g.
             ``(60,)``, ``(1, 8, 8)``, or ``(T,)`` for a token sequence of length ``T``.
         num_classes: number of classes (vocabulary size for language modelling).
-        task: ``"classification"`` (``y`` is one int64 label per example) or ``"lm"``
-            (next-token prediction; ``y`` has the same shape as ``x``, int64 tokens).
+        task: ``"classification"`` (``y`` is one int64 label per example), ``"lm"``
+            (next-token prediction; ``y`` has the same shape as ``x``, int64 tokens),
+            ``"regression"`` (``y`` float32 of shape ``(num_classes,)`` per example, or a
+            scalar when num_classes is 1) or ``"binary"`` (one 0/1 label per example; the
+            model emits one logit, num_classes 1).
         input_dtype: ``"float32"`` or ``"int64"`` (token ids).
     """
 
@@ -172,10 +175,27 @@ def _to_tensor(a: Any, where: str, what: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 
-def make_tensor_dataset(x: Any, y: Any, where: str) -> TensorDataset:
-    """Build a ``TensorDataset(x, y)`` with the standard dtypes and matching lengths."""
+def as_target_tensor(y: Any, where: str, task: str) -> torch.Tensor:
+    """Targets of ``task``: int64 labels (classification, lm), float32 values (regression)
+    or float32 0/1 labels (binary)."""
+    if task in ("classification", "lm"):
+        return as_label_tensor(y, where)
+    t = _to_tensor(y, where, "targets")
+    if t.is_complex():
+        raise DataError(f"{where}: targets must be real numbers, got dtype {t.dtype}")
+    t = t.to(torch.float32).contiguous()
+    if t.numel() and not torch.isfinite(t).all():
+        raise DataError(f"{where}: targets contain NaN or inf")
+    if task == "binary" and t.numel() and not ((t == 0) | (t == 1)).all():
+        raise DataError(f"{where}: binary labels must be 0 or 1")
+    return t
+
+
+def make_tensor_dataset(x: Any, y: Any, where: str, task: str = "classification") -> TensorDataset:
+    """Build a ``TensorDataset(x, y)`` with the standard dtypes and matching lengths (the
+    targets' dtype follows ``task``: see :func:`as_target_tensor`)."""
     xt = as_feature_tensor(x, where)
-    yt = as_label_tensor(y, where)
+    yt = as_target_tensor(y, where, task)
     if xt.dim() == 0 or yt.dim() == 0:
         raise DataError(f"{where}: features and labels need a leading example dimension")
     if xt.shape[0] != yt.shape[0]:

@@ -125,11 +125,12 @@ def wrap_result(
             f"{where}: train (first element) is {_describe(train_raw)}, expected a list or dict "
             f"of {num_devices} datasets"
         )
-    train = [_as_dataset(item, f"{where}: train[{k}]") for k, item in enumerate(items)]
+    task = info.task if info is not None else "classification"
+    train = [_as_dataset(item, f"{where}: train[{k}]", task) for k, item in enumerate(items)]
     for k, ds in enumerate(train):
         if len(ds) == 0:  # type: ignore[arg-type]
             raise DataError(f"{where}: train[{k}] (device {k}) is empty")
-    test = _as_dataset(test_raw, f"{where}: test")
+    test = _as_dataset(test_raw, f"{where}: test", task)
     if len(test) == 0:  # type: ignore[arg-type]
         raise DataError(f"{where}: the test set is empty")
 
@@ -146,11 +147,12 @@ def _describe(obj: Any) -> str:
     return f"an object of type {type(obj).__name__}"
 
 
-def _as_dataset(obj: Any, where: str) -> Dataset:
+def _as_dataset(obj: Any, where: str, task: str = "classification") -> Dataset:
     if isinstance(obj, TensorDataset) and len(obj.tensors) == 2:
         x, y = obj.tensors
-        if (x.is_floating_point() and x.dtype != torch.float32) or y.dtype != torch.int64:
-            return make_tensor_dataset(x, y, where)
+        want = torch.int64 if task in ("classification", "lm") else torch.float32
+        if (x.is_floating_point() and x.dtype != torch.float32) or y.dtype != want:
+            return make_tensor_dataset(x, y, where, task)
         return obj
     if isinstance(obj, Dataset):
         try:
@@ -159,7 +161,7 @@ def _as_dataset(obj: Any, where: str) -> Dataset:
             raise DataError(f"{where}: dataset has no length (need a map-style Dataset)") from exc
         return obj
     if isinstance(obj, tuple | list) and len(obj) == 2:
-        return make_tensor_dataset(obj[0], obj[1], where)
+        return make_tensor_dataset(obj[0], obj[1], where, task)
     raise DataError(
         f"{where} is {_describe(obj)}, expected a torch Dataset or an (x, y) pair of arrays"
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 from edgefl.errors import ConfigError
 
-TASKS = ("classification", "lm")
+TASKS = ("classification", "lm", "regression", "binary")
 
 
 def check_info(info: Any) -> tuple[tuple[int, ...], int, str, str]:
@@ -69,8 +69,9 @@ def int_list(model: str, key: str, value: Any, *, min_len: int = 0) -> list[int]
 
 
 def require_classification(model: str, task: str) -> None:
-    """Raise ConfigError unless ``task`` is classification."""
-    if task != "classification":
+    """Raise ConfigError unless ``task`` maps one example to ``num_classes`` outputs
+    (classification logits, regression targets, or one binary logit)."""
+    if task not in ("classification", "regression", "binary"):
         raise ConfigError(
             f"model.name {model!r}: is a classifier and cannot train task {task!r} "
             "(use 'lstm' or a custom model)"

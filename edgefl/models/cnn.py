@@ -10,7 +10,7 @@ from torch import nn
 from edgefl.errors import ConfigError
 from edgefl.models._common import check_info, int_list, merge_args, require_classification
 
-DEFAULTS: dict[str, Any] = {"channels": [16, 32]}
+DEFAULTS: dict[str, Any] = {"channels": [16, 32], "batchnorm": False}
 
 POOLED = 2  # side length (pixels) of the adaptive average pool before the classifier
 
@@ -18,6 +18,10 @@ POOLED = 2  # side length (pixels) of the adaptive average pool before the class
 class SmallCNN(nn.Module):
     """Conv3x3+ReLU blocks (2x2 max-pool between blocks while the image is >= 4 px per side),
     adaptive average pool to 2x2, then one Linear layer to the class logits.
+
+    With ``batchnorm`` every block is Conv3x3 (no bias) + BatchNorm2d + ReLU: the model then
+    has float buffers (running mean and variance per channel), which ``model.buffers``
+    federates or keeps per device.
     """
 
     def __init__(
@@ -28,12 +32,17 @@ class SmallCNN(nn.Module):
         channels: list[int],
         num_classes: int,
         add_channel: bool = False,
+        batchnorm: bool = False,
     ) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         c_in, h, w = in_channels, height, width
         for i, c_out in enumerate(channels):
-            layers += [nn.Conv2d(c_in, c_out, kernel_size=3, padding=1), nn.ReLU()]
+            if batchnorm:
+                layers += [nn.Conv2d(c_in, c_out, kernel_size=3, padding=1, bias=False),
+                           nn.BatchNorm2d(c_out), nn.ReLU()]  # fmt: skip
+            else:
+                layers += [nn.Conv2d(c_in, c_out, kernel_size=3, padding=1), nn.ReLU()]
             if i < len(channels) - 1 and min(h, w) >= 4:
                 layers.append(nn.MaxPool2d(2))
                 h, w = h // 2, w // 2
@@ -53,10 +62,13 @@ class SmallCNN(nn.Module):
 
 
 def build(info: Any, args: dict[str, Any] | None = None) -> nn.Module:
-    """Build ``cnn`` for ``info``. args: ``channels`` (conv widths, default [16, 32])."""
+    """Build ``cnn`` for ``info``. args: ``channels`` (conv widths, default [16, 32]),
+    ``batchnorm`` (BatchNorm2d after every convolution, default false)."""
     shape, classes, task, _ = check_info(info)
     a = merge_args("cnn", args, DEFAULTS)
     channels = int_list("cnn", "channels", a["channels"], min_len=1)
+    if not isinstance(a["batchnorm"], bool):
+        raise ConfigError(f"model.args.batchnorm: expected true or false, got {a['batchnorm']!r}")
     require_classification("cnn", task)
     if len(shape) == 2:
         c, h, w = 1, shape[0], shape[1]
@@ -66,4 +78,6 @@ def build(info: Any, args: dict[str, Any] | None = None) -> nn.Module:
         raise ConfigError(
             f"model.name 'cnn': needs image-shaped input (C,H,W) or (H,W), got input_shape {shape}"
         )
-    return SmallCNN(c, h, w, channels, classes, add_channel=len(shape) == 2)
+    return SmallCNN(
+        c, h, w, channels, classes, add_channel=len(shape) == 2, batchnorm=a["batchnorm"]
+    )

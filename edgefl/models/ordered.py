@@ -32,6 +32,8 @@ def ordered_epoch(
     grads: PerExampleGrads,
     device: str = "cpu",
     on_step: Callable[[int, np.ndarray], None] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    before_step: Callable[[torch.nn.Module], None] | None = None,
 ) -> tuple[float, np.ndarray]:
     """Train one epoch visiting ``dataset`` in ``order``.
 
@@ -43,6 +45,10 @@ def ordered_epoch(
         on_step: called after every step with (the step's first visit position, its
             examples' gradients as float32 rows ``(b, numel)``, a view of the returned
             array), so they can be shipped while the epoch goes on (default None).
+        optimizer: the optimizer over ``model.parameters()`` that takes the steps (default
+            None: a fresh torch SGD with ``lr``, ``momentum``, ``weight_decay``).
+        before_step: called with the model after each step's gradient is set, before the
+            step (plugins' gradient corrections: FedProx, SCAFFOLD; default None).
 
     Returns (mean training loss in nats, float32 array ``(n, numel)`` of the examples'
     gradients in visit order).
@@ -59,7 +65,7 @@ def ordered_epoch(
         raise ValueError(f"order of {order.size} items is not a permutation of {n} examples")
     bs = n if batch_size <= 0 or batch_size >= n else batch_size
     params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    opt = optimizer or torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     out = np.empty((n, grads.numel), np.float32)
     total = 0.0
     model.train()
@@ -78,6 +84,8 @@ def ordered_epoch(
             k = p.numel()
             p.grad = mean[offset : offset + k].view_as(p).to(p.dtype)
             offset += k
+        if before_step is not None:
+            before_step(model)
         opt.step()
         total += float(losses.sum())
     return total / max(n, 1), out

@@ -3,8 +3,8 @@
 The ordering policies (``edgefl.algorithms.ordering.orderers``) need one gradient per ordered unit:
 an example, or a microbatch of consecutive examples. :class:`PerExampleGrads` computes them
 with ``torch.func``: ``vmap(grad_and_value(loss))`` over the unit axis, where ``loss`` runs
-the model through ``functional_call`` with the loss of ``edgefl.models.train.loss_fn``
-(mean cross-entropy per example, per token for ``"lm"``). Rows come back flattened in the
+the model through ``functional_call`` with the training loss (``train.loss``; by default
+mean cross-entropy per example, per token for ``"lm"``). Rows come back flattened in the
 flat-parameter order of :class:`edgefl.models.flat.FlatParams` (``named_parameters()``
 order, tied parameters once), float32, on the device of the model's parameters.
 
@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import copy
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from edgefl.models.train import loss_fn
+from edgefl.errors import ConfigError
+from edgefl.models.train import TASKS
+from edgefl.training.losses import resolve_loss
 
 METHODS = ("auto", "vmap", "loop")
 
@@ -100,7 +103,11 @@ class PerExampleGrads:
 
     Args:
         model: any edgefl model (built-in or custom ``nn.Module``); read, never modified.
-        task: ``"classification"`` or ``"lm"`` (as in ``edgefl.models.train.loss_fn``).
+        task: the data's task (``"classification"``, ``"lm"``, ``"regression"``,
+            ``"binary"``), which picks the default loss.
+        loss: the training loss, ``loss(output, target)`` mean over a batch (default: the
+            one ``train.loss = "auto"`` picks for ``task``); it must meet the loss contract
+            of :mod:`edgefl.training.losses` (valid under ``torch.func.vmap``).
         method: ``"auto"`` (vmap, falling back to a loop if vmap fails; default),
             ``"vmap"`` (vmap only, errors propagate) or ``"loop"``.
         chunk_size: passed to ``torch.func.vmap``: at most this many units per vectorised
@@ -117,10 +124,13 @@ class PerExampleGrads:
         *,
         method: str = "auto",
         chunk_size: int | None = None,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"PerExampleGrads: method must be one of {METHODS}, got {method!r}")
-        loss_fn(torch.zeros(1, 2), torch.zeros(1, dtype=torch.long), task)  # validates task
+        if task not in TASKS:
+            raise ConfigError(f"task: expected one of {', '.join(TASKS)}, got {task!r}")
+        self.loss_fn = loss if loss is not None else resolve_loss("auto", task)
         self.model = model
         self.task = task
         self.method = method
@@ -142,7 +152,7 @@ class PerExampleGrads:
         self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor:
         # x, y: one unit (a microbatch, with its own leading batch axis)
-        return loss_fn(functional_call(self._twin, params, (x,)), y, self.task)
+        return self.loss_fn(functional_call(self._twin, params, (x,)), y)
 
     def _flatten(self, grads: dict[str, torch.Tensor], units: int) -> torch.Tensor:
         return torch.cat([grads[n].reshape(units, -1) for n in self.names], dim=1).float()
@@ -155,7 +165,7 @@ class PerExampleGrads:
         params = [p for _, p in self.model.named_parameters()]
         rows, losses = [], []
         for i in range(x.shape[0]):
-            loss = loss_fn(self.model(x[i]), y[i], self.task)
+            loss = self.loss_fn(self.model(x[i]), y[i])
             gs = torch.autograd.grad(loss, params, allow_unused=True)
             rows.append(
                 torch.cat(

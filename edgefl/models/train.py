@@ -11,35 +11,25 @@ import math
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 from edgefl.errors import ConfigError
+from edgefl.training.losses import AUTO, Loss, resolve_loss
+from edgefl.training.trainer import as_tensors
+
+TASKS = tuple(AUTO)
 
 
 def loss_fn(logits: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
-    """Mean cross-entropy (nats per sample, or per token for ``task == "lm"``).
+    """Mean loss of the ``train.loss = "auto"`` choice for ``task`` (cross-entropy in nats
+    per sample, or per token for "lm"; mse for regression; bce-with-logits for binary).
 
     For "lm", logits (B, T, V) and targets (B, T) are flattened to (B*T, V) and (B*T,).
     """
-    if task == "lm":
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-    if task == "classification":
-        return F.cross_entropy(logits, y)
-    raise ConfigError(f"task: expected 'classification' or 'lm', got {task!r}")
-
-
-def as_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(X, Y) for a TensorDataset or (nested) Subset of one; None for other datasets."""
-    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
-        return dataset.tensors[0], dataset.tensors[1]
-    if isinstance(dataset, Subset):
-        inner = as_tensors(dataset.dataset)
-        if inner is not None:
-            idx = torch.as_tensor(dataset.indices, dtype=torch.long)
-            return inner[0][idx], inner[1][idx]
-    return None
+    if task not in TASKS:
+        raise ConfigError(f"task: expected one of {', '.join(TASKS)}, got {task!r}")
+    return resolve_loss("auto", task)(logits, y)
 
 
 def _batches(batch_size: int, n: int) -> int:
@@ -56,12 +46,17 @@ def evaluate(
     task: str,
     batch_size: int = 1024,
     device: str | torch.device = "cpu",
+    loss: Loss | None = None,
 ) -> tuple[float, float]:
-    """Mean cross-entropy loss (nats) and accuracy (fraction in [0, 1]) of ``model``.
+    """Mean loss and accuracy (fraction in [0, 1]; nan for regression) of ``model``.
 
-    For "lm" both are per token. ``batch_size`` 0 evaluates in one batch. Returns
-    (nan, nan) for an empty dataset. The model's train/eval mode is restored afterwards.
+    ``loss`` is the training loss (:func:`edgefl.training.resolve_loss`; default the one
+    ``train.loss = "auto"`` picks for ``task``): the mean loss is its per-example sum over
+    the dataset divided by the number of terms (per token for "lm"). ``batch_size`` 0
+    evaluates in one batch. Returns (nan, nan) for an empty dataset. The model's train/eval
+    mode is restored afterwards.
     """
+    loss = loss if loss is not None else resolve_loss("auto", task)
     n = len(dataset)  # type: ignore[arg-type]
     if n == 0:
         return math.nan, math.nan
@@ -69,8 +64,9 @@ def evaluate(
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
+    correct = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
+    predicted = 0
     try:
         tensors = as_tensors(dataset)
         if tensors is not None:
@@ -81,20 +77,19 @@ def evaluate(
         for xb, yb in batches:
             xb = xb.to(device, non_blocking=True)
             yb = yb.to(device, non_blocking=True)
-            logits = model(xb)
-            if task == "lm":
-                logits = logits.reshape(-1, logits.shape[-1])
-                yb = yb.reshape(-1)
-            elif task != "classification":
-                raise ConfigError(f"task: expected 'classification' or 'lm', got {task!r}")
-            loss_sum += F.cross_entropy(logits, yb, reduction="sum")
-            correct += (logits.argmax(dim=-1) == yb).sum()
-            count += yb.numel()
+            out = model(xb)
+            total, k = loss.total(out, yb)
+            loss_sum += total
+            count += k
+            right, m = loss.correct(out, yb)
+            if m:
+                correct += right
+                predicted += m
     finally:
         model.train(was_training)
     if count == 0:
         return math.nan, math.nan
-    return loss_sum.item() / count, correct.item() / count
+    return loss_sum.item() / count, (correct.item() / predicted if predicted else math.nan)
 
 
 def local_train(
@@ -110,92 +105,30 @@ def local_train(
     generator: torch.Generator,
     task: str,
     device: str | torch.device = "cpu",
+    loss: Loss | None = None,
 ) -> tuple[float, int]:
     """Run plain SGD on ``dataset`` and return (mean training loss, samples processed).
 
-    If ``steps > 0`` exactly ``steps`` mini-batch steps are taken, cycling through freshly
-    shuffled epochs (the last batch of an epoch may be short); otherwise ``epochs`` full
-    passes. ``batch_size`` 0 means full batch (no shuffle needed). ``lr`` is the step size,
-    ``momentum`` and ``weight_decay`` are the torch SGD coefficients; a fresh optimizer is
-    made each call, so no state carries over. The loss is the mean over the steps taken (nats
-    per sample, per token for "lm"); 0.0 with 0 samples if no step was taken. Samples are
-    counted per sequence for "lm". The model is left in train mode.
+    The built-in trainer (:func:`edgefl.training.fit_loop`) with torch SGD and ``loss``
+    (default: the loss ``train.loss = "auto"`` picks for ``task``). If ``steps > 0``
+    exactly ``steps`` mini-batch steps are taken, cycling through freshly shuffled epochs
+    (the last batch of an epoch may be short); otherwise ``epochs`` full passes.
+    ``batch_size`` 0 means full batch. ``lr`` is the step size, ``momentum`` and
+    ``weight_decay`` the torch SGD coefficients; a fresh optimizer is made each call. The
+    loss is the mean over the steps taken; 0.0 with 0 samples if no step was taken.
     """
+    from ..training.client import FitContext
+    from ..training.trainer import fit_loop
+
     if steps < 0 or epochs < 0:
         raise ValueError(f"steps and epochs must be >= 0, got steps={steps}, epochs={epochs}")
-    if task not in ("classification", "lm"):
-        raise ConfigError(f"task: expected 'classification' or 'lm', got {task!r}")
-    n = len(dataset)  # type: ignore[arg-type]
-    if n == 0 or (steps == 0 and epochs == 0):
-        return 0.0, 0
-    bs = _batches(batch_size, n)
-    per_epoch = -(-n // bs)
-    total_steps = steps if steps > 0 else epochs * per_epoch
-
-    model.train()
+    if task not in TASKS:
+        raise ConfigError(f"task: expected one of {', '.join(TASKS)}, got {task!r}")
+    loss = loss if loss is not None else resolve_loss("auto", task)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    losses: list[torch.Tensor] = []
-    samples = 0
-
-    tensors = as_tensors(dataset)
-    if tensors is not None:
-        X = tensors[0].to(device)
-        Y = tensors[1].to(device)
-        batches = _tensor_batches(X, Y, n, bs, total_steps, generator)
-    else:
-        batches = _loader_batches(dataset, n, bs, total_steps, generator, device)
-
-    for xb, yb in batches:
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xb), yb, task)
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
-        samples += yb.shape[0]
-    if not losses:
-        return 0.0, 0
-    return torch.stack(losses).mean().item(), samples
-
-
-def _tensor_batches(
-    X: torch.Tensor,
-    Y: torch.Tensor,
-    n: int,
-    bs: int,
-    total_steps: int,
-    generator: torch.Generator,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Mini-batches by direct indexing; a new permutation at the start of every epoch."""
-    if bs >= n:
-        for _ in range(total_steps):
-            yield X, Y
-        return
-    dev = X.device
-    taken = 0
-    while taken < total_steps:
-        perm = torch.randperm(n, generator=generator).to(dev)
-        for idx in perm.split(bs):
-            if taken == total_steps:
-                return
-            yield X.index_select(0, idx), Y.index_select(0, idx)
-            taken += 1
-
-
-def _loader_batches(
-    dataset: Dataset,
-    n: int,
-    bs: int,
-    total_steps: int,
-    generator: torch.Generator,
-    device: str | torch.device,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Same visiting order as ``_tensor_batches``, through a DataLoader for generic datasets."""
-    taken = 0
-    while taken < total_steps:
-        order = list(range(n)) if bs >= n else torch.randperm(n, generator=generator).tolist()
-        for xb, yb in DataLoader(dataset, batch_size=bs, sampler=order):
-            if taken == total_steps:
-                return
-            yield xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-            taken += 1
+    ctx = FitContext(-1, 0, 0, generator, str(device), loss, torch.optim.SGD)
+    return fit_loop(
+        model, dataset, epochs=epochs, steps=steps, batch_size=batch_size,
+        generator=generator, optimizer=opt, ctx=ctx, device=device,
+    )  # fmt: skip

@@ -41,6 +41,7 @@ from .output import MetricsLog, Progress
 from .policies import make_update_aggregator
 from .protocol import CONTINUE, REFRESH, pack_flags
 from .state import Task
+from .trackers import make_trackers
 
 log = logging.getLogger("edgefl.coordinator")
 
@@ -66,10 +67,12 @@ class Coordinator:
         resume: dict | None = None,
     ) -> None:
         from edgefl.algorithms.server_opt.optimizers import make_server_optimizer
+        from edgefl.training import resolve_loss
 
         self.cfg = cfg
         self.t = transport
         self.task = task
+        self.loss = resolve_loss(cfg["train"]["loss"], task.data.info.task)  # train.loss
         self.out_dir = out_dir
         self.resume = resume
         self.num_devices = cfg["fleet"]["devices"]
@@ -436,7 +439,8 @@ class Coordinator:
         cfg, out = self.cfg, self.out_dir
         rounds = cfg["run"]["rounds"]
         self.metrics = MetricsLog(out / "metrics.jsonl" if out else None, self.history)
-        self.progress = Progress(cfg["output"]["progress"], rounds)
+        self.progress = Progress(cfg["output"]["progress"], rounds, start=self.start_round)
+        self.trackers = make_trackers(cfg, out, self.history)  # output.trackers (csv, ...)
         self.test_set = self.task.data.test()
         self._t0 = time.monotonic() - self.wall_offset
         self.period = summary.new_period()
@@ -463,8 +467,7 @@ class Coordinator:
             if self.events_log is not None:
                 self.events_log.close()
             self.ev.release_all()
-        if self.progress.mode == "bar" and self.stopped:
-            self.progress.close()
+        self.progress.close()  # (a bar ends itself at the last round; idempotent)
         end = self.ev.now
         self.timeline.finish(sorted(self.devices), end, self.profiles, cfg["seed"])
         if out is not None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -11,56 +13,114 @@ from typing import IO
 
 
 class Progress:
-    """Round-by-round progress: a one-line bar on a terminal, plain lines otherwise.
+    """Round-by-round progress: a tqdm bar on a terminal, plain lines otherwise.
+
+    The bar shows rounds done, the rate (rounds/s of wall time), the time left, and the
+    latest test accuracy and loss. A line per row (``lines``) is meant for logs and may be
+    parsed: ``round    3/10  test_acc 0.8125  test_loss 0.5012  train_loss 0.6021 ...``.
 
     Args:
-        mode: ``auto``, ``bar``, ``lines`` or ``quiet`` (config ``output.progress``).
-        rounds: total rounds (for the bar's width).
+        mode: ``auto``, ``bar``, ``lines`` or ``quiet`` (config ``output.progress``); ``auto``
+            is a bar when ``stream`` is a terminal, or when ``EDGEFL_TTY=1`` (set by
+            ``edgefl simulate`` when its own output is one: mpiexec gives rank 0 a pipe).
+        rounds: total rounds.
         stream: where to print (stdout).
+        start: rounds already done (a resume): where the bar starts.
+        min_interval_s: least wall time between two redraws of the bar (seconds).
     """
 
-    def __init__(self, mode: str, rounds: int, stream: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        rounds: int,
+        stream: IO[str] | None = None,
+        start: int = 0,
+        min_interval_s: float = 0.1,
+    ) -> None:
         self.stream = stream or sys.stdout
         if mode == "auto":
-            hint = os.environ.get("EDGEFL_TTY")  # set by `edgefl simulate` (mpiexec uses a pty)
-            tty = hint == "1" if hint is not None else self.stream.isatty()
+            hint = os.environ.get("EDGEFL_TTY")  # set by `edgefl simulate` (mpiexec: a pipe)
+            tty = hint == "1" if hint is not None else _isatty(self.stream)
             mode = "bar" if tty else "lines"
         self.mode = mode
         self.rounds = rounds
         self.t0 = time.monotonic()
+        self.bar = None
+        if mode == "bar":
+            self.bar = _make_bar(self.stream, rounds, start, min_interval_s)
 
     def update(self, row: dict) -> None:
+        """Show one metrics row (``round``, ``test_accuracy``, ``test_loss``, ...)."""
         if self.mode == "quiet":
             return
         r = row["round"]
         acc = row.get("test_accuracy")
         loss = row.get("test_loss")
+        if self.bar is not None:
+            if acc is not None and loss is not None:
+                self.bar.set_postfix_str(f"acc={acc:.4f} loss={loss:.4f}", refresh=False)
+            self.bar.update(max(r - self.bar.n, 0))
+            if r >= self.rounds:
+                self.close()
+            return
+        if self.mode == "bar":  # closed already (a row after the last round)
+            return
         acc_s = f"{acc:.4f}" if acc is not None else "  -   "
         loss_s = f"{loss:.4f}" if loss is not None else "  -   "
         elapsed = row.get("wall_time_s", time.monotonic() - self.t0)
-        if self.mode == "bar":
-            width = 24
-            filled = int(width * r / max(self.rounds, 1))
-            bar = "#" * filled + "." * (width - filled)
-            line = f"\r[{bar}] round {r}/{self.rounds}  acc {acc_s}  loss {loss_s}  {elapsed:7.1f}s"
-            self.stream.write(line)
-            if r >= self.rounds:
-                self.stream.write("\n")
-        else:
-            train = row.get("train_loss")
-            train_s = f"{train:.4f}" if train is not None else "-"
-            vt = row.get("time_s")
-            vt_s = f"  clock {vt:10.3f}s" if vt is not None else ""
-            self.stream.write(
-                f"round {r:4d}/{self.rounds}  test_acc {acc_s}  test_loss {loss_s}  "
-                f"train_loss {train_s}{vt_s}  wall {elapsed:7.2f}s\n"
-            )
+        train = row.get("train_loss")
+        train_s = f"{train:.4f}" if train is not None else "-"
+        vt = row.get("time_s")
+        vt_s = f"  clock {vt:10.3f}s" if vt is not None else ""
+        self.stream.write(
+            f"round {r:4d}/{self.rounds}  test_acc {acc_s}  test_loss {loss_s}  "
+            f"train_loss {train_s}{vt_s}  wall {elapsed:7.2f}s\n"
+        )
         self.stream.flush()
 
     def close(self) -> None:
-        if self.mode == "bar":
-            self.stream.write("\n")
+        """End the bar (its last state stays on screen); idempotent."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
             self.stream.flush()
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
+def _screen(stream: IO[str]) -> tuple[int, int]:
+    """(columns, lines) of the terminal ``stream`` is: its own size, else ``$COLUMNS`` /
+    ``$LINES``, else 100 x 24. (The pseudo-terminal Open MPI gives rank 0 reports 0 x 0,
+    and tqdm hides a bar on a screen of 0 lines.)"""
+    try:
+        cols, lines = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        cols = lines = 0
+    fallback = shutil.get_terminal_size((100, 24))
+    return (cols or fallback.columns or 100, lines or fallback.lines or 24)
+
+
+def _make_bar(stream: IO[str], rounds: int, start: int, min_interval_s: float):
+    from tqdm import tqdm
+
+    cols, lines = _screen(stream)
+    return tqdm(
+        total=rounds,
+        initial=start,
+        unit="round",
+        file=stream,
+        ncols=cols,
+        nrows=lines,
+        mininterval=min_interval_s,
+        miniters=1,  # redraw per round, at most every min_interval_s
+        smoothing=0.1,
+        leave=True,
+    )
 
 
 class MetricsLog:
@@ -106,6 +166,13 @@ def summary_table(rows: list[dict], devices: dict[int, dict], info: dict) -> str
         f"{len(devices)} devices on {info.get('workers', '?')} worker ranks, "
         f"{info.get('wall_time_s', 0.0):.1f} s"
     )
+    losses = [r for r in rows if r.get("test_loss") is not None]
+    if not last and losses:  # regression: no accuracy
+        low = min(losses, key=lambda r: r["test_loss"])
+        out.append(
+            f"final test loss {losses[-1]['test_loss']:.4f}  (lowest {low['test_loss']:.4f} "
+            f"at round {low['round']})"
+        )
     if last:
         out.append(
             f"final test accuracy {last['test_accuracy']:.4f}  test loss {last['test_loss']:.4f}"

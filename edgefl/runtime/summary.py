@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -44,8 +45,11 @@ def round_row(core: Any, arr: list, now: float) -> dict:
     ):
         core.eval_bucket = bucket
         with torch.no_grad():
-            loss, acc = evaluate(core.task.model, core.test_set, core.task.data.info.task)
-        row["test_loss"], row["test_accuracy"] = loss, acc
+            loss, acc = evaluate(
+                core.task.model, core.test_set, core.task.data.info.task, loss=core.loss
+            )
+        # (regression has no accuracy: None)
+        row["test_loss"], row["test_accuracy"] = loss, (acc if math.isfinite(acc) else None)
     row.update(core.period)
     return row
 
@@ -88,8 +92,9 @@ def finish(core: Any, rows: list[dict], rounds_done: int, wall: float, end: floa
         "rejected": sum(stats.rejected.values()),
         "duplicates": sum(stats.duplicates.values()),
     })  # fmt: skip
+    core.trackers.close()
     print(summary_table(rows, core.devices, info), flush=True)
-    evals = [r for r in rows if r.get("test_accuracy") is not None]
+    evals = [r for r in rows if r.get("test_loss") is not None]
     final_acc = evals[-1]["test_accuracy"] if evals else None
     print(
         f"final accuracy: {final_acc:.4f}" if final_acc is not None else "final accuracy: -",
@@ -141,11 +146,14 @@ def record_row(core: Any, arr: list, now: float) -> None:
                         "time_s": a.seconds}
         for a in arr
     }  # fmt: skip
+    for p in core.plugins:
+        p.on_row(row)
     core.metrics.append(row)
+    core.trackers.log(row)  # output.trackers: csv, tensorboard, mlflow
     core.progress.update(row)
     target = cfg["run"]["target_accuracy"]
     stop_at = cfg["debug"]["stop_after_round"]
-    if target > 0 and row.get("test_accuracy", 0.0) >= target:
+    if target > 0 and (row.get("test_accuracy") or 0.0) >= target:
         core.stopped = f"target accuracy {target} reached at round {r}"
     elif stop_at and r == stop_at and r < cfg["run"]["rounds"]:
         core.stopped = f"debug.stop_after_round = {stop_at}"

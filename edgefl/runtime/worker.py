@@ -27,6 +27,8 @@ from ..models.flat import FlatParams
 from ..models.train import local_train
 from ..seeding import SUBSET, TRAIN, derive_seed
 from ..server import make_client
+from ..training import FitContext, FitTask, check_result, load_client, lr_at, resolve_loss
+from ..training.optim import optimizer_factory
 from . import devstate
 from .debughooks import WorkerDebug
 from .placement import devices_of_rank, torch_device_for
@@ -88,6 +90,10 @@ class Worker:
         self._free: list[np.ndarray] = []
         self.debug = WorkerDebug(self)
         self.doing = "set-up"  # what the rank is busy with (named in error reports)
+        tr = cfg["train"]
+        self.loss = resolve_loss(tr["loss"], self.data.info.task)  # train.loss
+        self.fit = load_client(tr["client"])  # the client hook (train.client)
+        self.make_optimizer = optimizer_factory(tr)  # train.optimizer
         self.plugins: list[WorkerPlugin] = worker_plugins(self)
         self._handlers = {k: p.on_message for p in self.plugins for k in p.message_kinds}
         if self.client is not None:
@@ -159,7 +165,7 @@ class Worker:
             local_train(
                 model, self.data.train(d), epochs=1, steps=1, batch_size=1, lr=0.0,
                 momentum=0.0, weight_decay=0.0, generator=torch.Generator(),
-                task=self.data.info.task, device=dev,
+                task=self.data.info.task, device=dev, loss=self.loss,
             )  # fmt: skip
 
     def run(self) -> int:
@@ -272,7 +278,10 @@ class Worker:
             p.before_train(device, job)
         loss = self._hook("train", device, job)
         if loss is None:
-            loss = self._local_train(job, task, device)
+            got = self.fit(job.model, job.dataset, job.fit_task, job.fit_ctx)
+            res = check_result(got, self.cfg["train"]["client"], device)
+            loss, job.metrics = res.loss, res.metrics
+            job.ctx["client_samples"] = res.samples
         if job.torch_device.startswith("cuda"):
             torch.cuda.synchronize(job.torch_device)
         seconds = time.perf_counter() - t0
@@ -313,7 +322,17 @@ class Worker:
             idx = torch.randperm(len(train_ds), generator=g)[: spec.samples].sort().values
             train_ds = torch.utils.data.Subset(train_ds, idx.tolist())
         start = self.versions.get(version)
-        return LocalJob(device, task, version, spec, model, train_ds, dev, start), holdout
+        job = LocalJob(device, task, version, spec, model, train_ds, dev, start)
+        c = self.cfg["train"]
+        job.fit_task = FitTask(
+            c["local_epochs"], c["local_steps"], spec.batch or c["batch_size"],
+            lr_at(c, self.cfg["run"]["rounds"], version), spec.samples, None, version,
+        )  # fmt: skip
+        gen = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, task, TRAIN))
+        job.fit_ctx = FitContext(
+            device, task, version, gen, dev, self.loss, self.make_optimizer, start
+        )  # fmt: skip
+        return job, holdout
 
     def _local_state(self, device: int, version: int, flags: int) -> _LocalState:
         """Where the task starts: a gated device's own local model (CONTINUE; after a
@@ -347,17 +366,6 @@ class Worker:
             buf = self.buffer()
             np.copyto(buf, state["start"])
             self.versions[st.base] = buf
-
-    def _local_train(self, job: LocalJob, task: int, device: int) -> float:
-        c = self.cfg["train"]
-        gen = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, task, TRAIN))
-        loss, _ = local_train(
-            job.model, job.dataset, epochs=c["local_epochs"], steps=c["local_steps"],
-            batch_size=job.spec.batch or c["batch_size"], lr=c["lr"], momentum=c["momentum"],
-            weight_decay=c["weight_decay"], generator=gen, task=self.data.info.task,
-            device=job.torch_device,
-        )  # fmt: skip
-        return loss
 
     def _send_update(self, device: int, job: LocalJob, delta: np.ndarray) -> None:
         """A plugin's encoding (it then owns nothing of ``delta``), the server ranks'

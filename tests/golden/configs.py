@@ -88,6 +88,16 @@ CONFIGS: dict[str, list[str]] = {
     # docs/quickstart.md: edgefl simulate --rounds 5
     "default_job": job(PINNED, "run.rounds=5"),
     "fedavg_small": job(SMALL),
+    # -- bring your own training (recorded from the code that added them, not 508a1ce) --
+    "adam_cosine": job(
+        SMALL,
+        "train.optimizer=adam",
+        "train.lr=0.01",
+        "train.lr_schedule=cosine",
+        "train.weight_decay=0.01",
+    ),
+    "fedprox_small": job(SMALL, "fedprox.enabled=true", "fedprox.mu=0.1"),
+    "scaffold_small": job(SMALL, "scaffold.enabled=true", "train.local_steps=3"),
     "fedavg_mean_steps_momentum": job(
         SMALL,
         "seed=3",

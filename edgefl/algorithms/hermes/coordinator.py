@@ -85,7 +85,9 @@ class HermesCoordinator(CoordinatorPlugin):
     def _test_loss(self) -> float:
         core = self.core
         with torch.no_grad():
-            return evaluate(core.task.model, core.test_set, core.task.data.info.task)[0]
+            return evaluate(
+                core.task.model, core.test_set, core.task.data.info.task, loss=core.loss
+            )[0]
 
     def _global_test_loss(self) -> float:
         """Test loss of the current global model (cached per version)."""

@@ -57,7 +57,7 @@ class HermesWorker(WorkerPlugin):
             return None
         with torch.no_grad():
             loss = evaluate(job.model, holdout, self.core.data.info.task,
-                            device=job.torch_device)[0]  # fmt: skip
+                            device=job.torch_device, loss=self.core.loss)[0]  # fmt: skip
         g = self._gate(d)
         push = g.observe(loss)
         cap = self.core.cfg["hermes"]["max_local_iterations"]

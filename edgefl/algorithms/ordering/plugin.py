@@ -34,6 +34,9 @@ class Ordering(Plugin):
              "iterations per push, not one epoch per round"),
             ("algorithm.allocation", "fixed", "an order is a permutation of the device's "
              "training split, whose size Hermes allocation changes between rounds"),
+            ("train.client", "", "the ordered epoch is the plugin's own loop (it takes every "
+             "example's gradient as it visits it, with train.loss and train.optimizer); a "
+             "user client would not be called"),
         )
     )  # fmt: skip
 

@@ -38,7 +38,7 @@ class OrderingWorker(WorkerPlugin):
         n = len(ds)
         ex_order = o.example_order(order, n) if o.num_units(n) != n else order
         if dev not in self.pe:
-            self.pe[dev] = PerExampleGrads(job.model, self.core.data.info.task)
+            self.pe[dev] = PerExampleGrads(job.model, self.core.data.info.task, loss=self.core.loss)
         c = cfg["train"]
         # streamed: each step's rows go to rank 0 at once (example units only: a microbatch's
         # gradient is known when all its examples were visited)
@@ -48,10 +48,12 @@ class OrderingWorker(WorkerPlugin):
             self._send_grads(d, job.task, first, rows)
 
         loss, g = ordered_epoch(
-            job.model, ds, ex_order, batch_size=c["batch_size"], lr=c["lr"],
+            job.model, ds, ex_order, batch_size=c["batch_size"], lr=job.fit_task.lr,
             momentum=c["momentum"], weight_decay=c["weight_decay"],
             task=self.core.data.info.task, grads=self.pe[dev], device=dev,
             on_step=ship if stream else None,
+            optimizer=self.core.make_optimizer(list(job.model.parameters()), job.fit_task.lr),
+            before_step=job.fit_ctx.before_step,
         )  # fmt: skip
         if o.needs_grads and not stream:
             if o.num_units(n) != n:  # microbatch units: the mean gradient of each unit

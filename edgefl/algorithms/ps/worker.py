@@ -122,7 +122,9 @@ class PSWorker(WorkerPlugin):
         c = self.core.cfg["train"]
         ds, start = job.dataset, job.start
         n = len(ds)
-        g = loss_gradient(job.model, ds, self.core.data.info.task, job.torch_device)
+        g = loss_gradient(
+            job.model, ds, self.core.data.info.task, job.torch_device, loss=self.core.loss
+        )
         bs = job.spec.batch or c["batch_size"]
         bs = n if bs == 0 or bs >= n else bs
         steps = c["local_steps"] if c["local_steps"] > 0 else c["local_epochs"] * -(-n // bs)

@@ -48,7 +48,9 @@ def malformed(keys: np.ndarray, how: str, numel: int) -> np.ndarray:
     return np.concatenate([keys, np.array([numel], keys.dtype)])  # out-of-range
 
 
-def loss_gradient(model, dataset, task: str, device: str = "cpu", batch_size: int = 1024):
+def loss_gradient(
+    model, dataset, task: str, device: str = "cpu", batch_size: int = 1024, loss=None
+):
     """Gradient of the mean training loss over ``dataset`` at the model's current parameters.
 
     One forward/backward pass (batches of ``batch_size`` samples, default 1024, weighted by
@@ -56,19 +58,22 @@ def loss_gradient(model, dataset, task: str, device: str = "cpu", batch_size: in
     batch-norm statistics; parameters and their ``.grad`` are left as they were (None).
 
     Args:
-        model: any module of ``edgefl.models`` (loss: ``models.train.loss_fn``).
+        model: any module of ``edgefl.models``.
         dataset: a dataset of ``(x, y)`` pairs.
         task: ``"classification"`` or ``"lm"``.
         device: torch device of the model.
         batch_size: samples per forward pass.
+        loss: the training loss (:func:`edgefl.training.resolve_loss`; default: the one
+            ``train.loss = "auto"`` picks for ``task``).
 
     Returns:
         float32 numpy vector in ``FlatParams`` order (``named_parameters`` order).
     """
     import torch
 
-    from ...models.train import loss_fn
+    from ...training import resolve_loss
 
+    loss_fn = loss if loss is not None else resolve_loss("auto", task)
     n = len(dataset)
     params = [p for _, p in model.named_parameters()]
     was_training = model.training
@@ -80,7 +85,7 @@ def loss_gradient(model, dataset, task: str, device: str = "cpu", batch_size: in
             loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False)
             for xb, yb in loader:
                 xb, yb = xb.to(device), yb.to(device)
-                (loss_fn(model(xb), yb, task) * (yb.shape[0] / n)).backward()
+                (loss_fn(model(xb), yb) * (yb.shape[0] / n)).backward()
         g = torch.cat(
             [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
         )

@@ -1,0 +1,65 @@
+"""FedBN's worker half: every device keeps its own float buffer values (pure numpy + torch).
+
+The flat vector's buffer entries (:attr:`~edgefl.models.flat.FlatParams.buffer_slice`) hold
+the BatchNorm running statistics. Before each task of a device its own values are written
+into the model (a device's first task: the initial model's, which are also the global
+model's, since no update ever changes them); after the task they are stored for the device
+and zeroed in its update, so aggregation, compression and residuals see no change there.
+A gated device (Hermes) keeps its local model between pushes: its values are stored after
+every local iteration (the ``gate`` hook, which answers nothing and leaves the decision to
+the gate), so a continued or refreshed task starts from them too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..base import LocalJob, WorkerPlugin
+
+
+class FedBNWorker(WorkerPlugin):
+    """Per-device buffer values: ``{device: float32 array}`` (the flat buffer entries)."""
+
+    def __init__(self, core: Any, name: str) -> None:
+        super().__init__(core, name)
+        flat = core.task.flat
+        self.sl: slice = flat.buffer_slice
+        # the initial values, taken before the rank's warm-up step touches the model
+        self.initial: np.ndarray = flat.buffer_values()
+        self.values: dict[int, np.ndarray] = {}
+
+    def _flat(self, job: LocalJob):
+        return self.core.model_on(job.torch_device)[1]
+
+    def _keep(self, d: int, job: LocalJob) -> None:
+        self.values[d] = self._flat(job).buffer_values()
+
+    def before_train(self, d: int, job: LocalJob) -> None:
+        self._flat(job).load_buffers(self.values.get(d, self.initial))
+
+    def gate(self, d: int, job: LocalJob, holdout: Any, iterations: int) -> None:
+        self._keep(d, job)
+        return None
+
+    def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
+        self._keep(d, job)
+        delta[self.sl] = 0.0
+        return False  # the update goes on to the other plugins / the core
+
+    def device_state(self, d: int) -> dict:
+        return {"buffers": self.values[d].copy()} if d in self.values else {}
+
+    def load_device_state(self, d: int, state: dict) -> None:
+        if "buffers" in state:
+            arr = np.array(state["buffers"], np.float32).reshape(-1)
+            if arr.size != self.initial.size:
+                raise ValueError(
+                    f"device {d}: saved model buffers have {arr.size} values, the model "
+                    f"{self.initial.size}"
+                )
+            self.values[d] = arr
+
+
+__all__ = ["FedBNWorker"]

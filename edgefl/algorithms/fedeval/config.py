@@ -1,0 +1,32 @@
+"""The config section of federated evaluation (merged into the schema, edgefl/config/schema.py;
+documented in docs/configuration.md)."""
+
+from __future__ import annotations
+
+from ...config.fields import field
+
+SECTIONS = {
+    "evaluation": {
+        "every": field(
+            0,
+            "int",
+            "Federated evaluation every K global versions: each device evaluates the global "
+            "model its task starts from on its own held-out split (0 = off).",
+            min=0,
+        ),
+        "holdout": field(
+            0.2,
+            "float",
+            "Fraction of each device's samples held out from training for federated "
+            "evaluation, in (0, 1) (with a gate, hermes.holdout_fraction is used instead).",
+            min=0.0,
+            exclusive_min=True,
+        ),
+        "metrics": field(
+            [],
+            "list[str]",
+            "User metrics, each 'package.module:function' (output, target) -> per-example "
+            "values; reported as their sample-weighted mean (docs/evaluation.md).",
+        ),
+    },
+}

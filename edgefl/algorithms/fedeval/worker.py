@@ -1,0 +1,58 @@
+"""A worker's half of federated evaluation: hold out each device's split, evaluate the
+global model a task starts from every K versions, report it to rank 0 (FED_EVAL)."""
+
+from __future__ import annotations
+
+from ..base import LocalJob, WorkerPlugin
+from .kinds import FED_EVAL
+from .metrics import encode, evaluate_on, holdout_split, load_metrics
+
+
+class FedEvalWorker(WorkerPlugin):
+    """Answers the ``split`` hook without a gate (``evaluation.holdout`` of each device held
+    out); with a gate Hermes answers it first and its held-out split is evaluated on. In
+    ``before_train`` a task that starts from global version v with v % K == 0 evaluates
+    that model (a gated device only when it just got a global model, not when it goes on
+    from its own local one) and sends the result before it trains."""
+
+    def __init__(self, core, name: str) -> None:
+        super().__init__(core, name)
+        c = core.cfg["evaluation"]
+        self.every = int(c["every"])
+        self.fraction = float(c["holdout"])
+        self.metrics = load_metrics(c["metrics"])
+        self.gated = core.cfg["algorithm"]["gate"] != "always"
+        self.splits: dict[int, tuple] = {}
+        self.fresh: set[int] = set()  # gated devices whose next task starts from a global model
+
+    def split(self, d: int, ds):
+        """(training split, held-out split) of device ``d`` (None with a gate: Hermes')."""
+        if self.gated:
+            return None
+        if d not in self.splits:
+            self.splits[d] = holdout_split(ds, self.fraction, self.core.cfg["seed"], d)
+        return self.splits[d]
+
+    def new_model(self, d: int) -> None:
+        self.fresh.add(d)
+
+    def _held_out(self, d: int):
+        """The held-out split the job's training excluded: the first plugin's answer to
+        ``split`` (Hermes' with a gate, else this plugin's)."""
+        ds = self.core.data.train(d)
+        for p in self.core.plugins:
+            got = p.split(d, ds)
+            if got is not None:
+                return got[1]
+        raise RuntimeError(f"device {d}: no held-out split for federated evaluation")
+
+    def before_train(self, d: int, job: LocalJob) -> None:
+        fresh = not self.gated or d in self.fresh
+        self.fresh.discard(d)
+        if not fresh or job.version % self.every:
+            return
+        core = self.core
+        r = evaluate_on(job.model, self._held_out(d), core.data.info.task, self.metrics,
+                        job.torch_device, getattr(core, "loss", None))  # fmt: skip
+        r = {"version": int(job.version), "device": int(d), **r}
+        self.core.t.send(0, FED_EVAL, device=d, round=int(job.version), payload=encode(r))

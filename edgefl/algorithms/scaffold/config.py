@@ -1,0 +1,16 @@
+"""The config section of the scaffold plugin (merged into the schema, edgefl/config/schema.py;
+documented in docs/configuration.md)."""
+
+from __future__ import annotations
+
+from ...config.fields import Field, field  # noqa: F401
+
+SECTIONS = {
+    "scaffold": {
+        "enabled": field(
+            False,
+            "bool",
+            "SCAFFOLD: server and client control variates correct each local gradient.",
+        ),
+    },
+}

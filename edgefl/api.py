@@ -1,0 +1,488 @@
+"""The Python API: :func:`simulate` runs a job and returns its :class:`Result`.
+
+``edgefl simulate`` (edgefl/cli.py) is built on the same functions: :func:`simulation_config`
+(the effective config and the rank count), :func:`check_ranks_can_import`, :func:`preflight`
+(the pre-launch check), :func:`mpi_launcher`, :func:`mpi_command` and :func:`launch_mpi`.
+Heavy modules (torch, the runtime) are imported only when a function needs them, so
+``import edgefl`` stays cheap. docs/python-api.md is the walkthrough.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import ConfigError, EdgeflError
+
+BACKENDS = ("mpi", "inline")
+
+# how a config value names an object of the caller's __main__ ("__main__:Net"; any key)
+_MAIN = "__main__:"
+
+
+class RunFailed(EdgeflError):
+    """A run that ended with a nonzero exit status (2: an error, see the message; 3: the
+    job stopped early, e.g. the model diverged).
+
+    Attributes:
+        status: the job's exit status.
+        run_dir: its run directory (metrics and checkpoints written so far are there).
+    """
+
+    def __init__(self, status: int, run_dir: Path, detail: str = "") -> None:
+        self.status = status
+        self.run_dir = Path(run_dir)
+        more = f": {detail}" if detail else ""
+        super().__init__(
+            f"the run failed with exit status {status} (run directory {run_dir}){more}"
+        )
+
+
+class Result:
+    """A finished run, read from its run directory.
+
+    ``Result(run_dir)`` also opens an earlier run (``edgefl simulate --out DIR``).
+
+    Attributes:
+        run_dir: the run directory (Path).
+        metrics: one dict per model version (round), as in ``metrics.jsonl``; times in
+            seconds, traffic in bytes.
+        summary: ``summary.json`` as a dict.
+    """
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.metrics: list[dict] = _read_jsonl(self.run_dir / "metrics.jsonl")
+        self.summary: dict = _read_json(self.run_dir / "summary.json")
+
+    @property
+    def final_accuracy(self) -> float | None:
+        """Test accuracy (fraction in [0, 1]) of the final model; None if never evaluated."""
+        return self.summary.get("final_accuracy")
+
+    @property
+    def model_sha256(self) -> str:
+        """SHA-256 (hex) of the final global model's float32 parameters."""
+        return self.summary["model_sha256"]
+
+    @property
+    def config(self) -> dict:
+        """The effective config the run used (its ``config.toml``)."""
+        from .config import load_config
+
+        return load_config(self.run_dir / "config.toml")
+
+    def metrics_frame(self) -> Any:
+        """:attr:`metrics` as a pandas DataFrame, one row per round (the per-device
+        ``devices`` column holds dicts). Raises ImportError when pandas is missing."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("Result.metrics_frame() needs pandas: pip install pandas") from None
+        return pd.DataFrame(self.metrics)
+
+    def model(self) -> Any:
+        """A torch module of the configured model holding the final weights
+        (``final_model.pt``), on the CPU, in eval mode."""
+        import torch
+
+        from .runtime.state import build_task
+
+        path = self.run_dir / "final_model.pt"
+        if not path.is_file():
+            raise EdgeflError(f"run directory '{self.run_dir}' has no final_model.pt")
+        model = build_task(self.config, "cpu").model
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        return model.eval()
+
+    def __repr__(self) -> str:
+        acc = self.final_accuracy
+        acc_s = f"{acc:.4f}" if acc is not None else "-"
+        return (
+            f"Result(run_dir='{self.run_dir}', rounds={len(self.metrics)}, final_accuracy={acc_s})"
+        )
+
+
+def simulate(
+    config: str | Path | Mapping[str, Any] | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    out: str | Path | None = None,
+    backend: str = "mpi",
+) -> Result:
+    """Run a job on this machine and return its :class:`Result`.
+
+    Args:
+        config: default None, the built-in job. A path (str or Path) to a TOML config, or a
+            dict: sections nested as in the TOML (``{"fleet": {"devices": 4}}``) or dotted
+            keys (``{"fleet.devices": 4}``), checked like a config file.
+        overrides: default None. Dotted keys applied after ``config`` with exactly the
+            validation of ``edgefl simulate --set KEY=VALUE``; values are Python values
+            (``{"run.rounds": 3, "model.args.hidden": [8]}``), not TOML text.
+        out: default None: ``run.out`` if set, else ``runs/<YYYYmmdd-HHMMSS>-<name>`` below
+            the current directory (``-2``, ``-3``, ... appended if taken; ``<name>``: the
+            config file's stem, ``default`` or ``config`` for a dict). A given directory
+            must not already hold a run.
+        backend: default ``"mpi"``: launch ``mpiexec`` with ``fleet.ranks`` ranks, as
+            ``edgefl simulate`` does. ``"inline"``: coordinator and workers in this process
+            (threads over the in-process loopback transport, no MPI); same run directory
+            and, for the same config and seed, the same final model.
+
+    A class or function given as a config value (``{"model.name": MyNet}``) stands for its
+    ``'module:qualname'``. Objects of ``__main__`` (a script, a notebook) work only with
+    ``backend="inline"``: the MPI ranks are new processes that cannot import them.
+
+    Raises:
+        ConfigError: a bad key or value, before anything starts (nothing is written).
+        EdgeflError: another user error found before the start (missing mpiexec, data).
+        RunFailed: the run ended with a nonzero exit status.
+        ValueError: an unknown ``backend``.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
+    path, doc, stem = _config_source(config)
+    cfg, ranks = simulation_config(path, override_list(overrides), doc=doc)
+    launcher = None
+    if backend == "mpi":
+        check_ranks_can_import(cfg)
+        launcher, cfg = mpi_launcher(cfg)
+    else:
+        from .runtime.inline import check_inline
+
+        check_inline(cfg)
+    preflight(cfg)
+    from .runtime.rundir import prepare_run_dir, resolve_run_dir
+
+    run_dir = resolve_run_dir(cfg, str(out) if out is not None else None, None, stem)
+    if out is None and not cfg["run"]["out"]:
+        run_dir = _unused(run_dir)  # runs started within the same second (a sweep)
+    prepare_run_dir(run_dir, cfg, resuming=False)
+    detail = ""
+    if launcher is not None:
+        print(banner(cfg, ranks, launcher, run_dir), flush=True)
+        status = launch_mpi(mpi_command(launcher, ranks, run_dir), run_dir, relay=_needs_relay())
+    else:
+        from .runtime.inline import run_inline
+
+        status, detail = run_inline(run_dir, ranks)
+    if status != 0:
+        if not detail and (run_dir / "summary.json").is_file():
+            detail = _read_json(run_dir / "summary.json").get("stopped") or ""
+        raise RunFailed(status, run_dir, detail)
+    return Result(run_dir)
+
+
+def _unused(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... if it exists."""
+    n = 1
+    found = path
+    while found.exists():
+        n += 1
+        found = path.with_name(f"{path.name}-{n}")
+    return found
+
+
+# -- config -------------------------------------------------------------------------------
+def _config_source(config: Any) -> tuple[str | None, dict | None, str]:
+    """(path, doc, name for the default run directory) of ``simulate``'s ``config``."""
+    if config is None:
+        return None, None, "default"
+    if isinstance(config, (str, os.PathLike)):
+        return str(config), None, Path(config).stem
+    if isinstance(config, Mapping):
+        return None, config_doc(config), "config"
+    raise TypeError(f"config: expected a path, a dict or None, not {type(config).__name__}")
+
+
+def config_doc(config: Mapping[str, Any]) -> dict:
+    """A config dict with dotted keys expanded into sections (``{"a.b": 1}`` ->
+    ``{"a": {"b": 1}}``) and classes/functions replaced by their ``'module:qualname'``.
+    A key given twice (dotted and nested) is a ConfigError."""
+    doc: dict = {}
+
+    def put(node: dict, parts: list[str], value: Any, where: str) -> None:
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"config key '{where}': '{part}' is a value, not a table")
+            node = nxt
+        last = parts[-1]
+        if isinstance(value, Mapping):
+            sub = node.setdefault(last, {})
+            if not isinstance(sub, dict):
+                raise ConfigError(f"config key '{where}' is given twice")
+            for k, v in value.items():
+                _check_key(k, f"{where}.")
+                put(sub, str(k).split("."), v, f"{where}.{k}")
+        else:
+            if last in node:
+                raise ConfigError(f"config key '{where}' is given twice")
+            node[last] = python_value(value, where)
+
+    for key, value in config.items():
+        _check_key(key, "")
+        put(doc, key.split("."), value, key)
+    return doc
+
+
+def _check_key(key: Any, prefix: str) -> None:
+    if not isinstance(key, str) or not key or "" in key.split("."):
+        raise ConfigError(f"config key {prefix}{key!r}: expected a dotted name like 'run.rounds'")
+
+
+def python_value(value: Any, key: str) -> Any:
+    """``value`` with every class or function (also inside lists and dicts) replaced by
+    its ``'module:qualname'`` spec; ConfigError naming ``key`` for one that cannot be
+    imported by name (defined inside a function)."""
+    if isinstance(value, type) or inspect.isfunction(value):
+        qual = value.__qualname__
+        if "<" in qual:  # <locals>, <lambda>
+            raise ConfigError(
+                f"config key '{key}': {qual} cannot be imported by name (defined inside a "
+                "function or a lambda); define it at the top level of a module or notebook"
+            )
+        return f"{value.__module__}:{qual}"
+    if isinstance(value, (list, tuple)):
+        return [python_value(v, key) for v in value]
+    if isinstance(value, Mapping):
+        return {k: python_value(v, f"{key}.{k}") for k, v in value.items()}
+    return value
+
+
+def override_list(overrides: Mapping[str, Any] | None) -> list[str]:
+    """``{"run.rounds": 3}`` as ``--set`` texts (``["run.rounds=3"]``), so they go through
+    exactly the CLI's validation. A value TOML cannot hold (None, an object) is a
+    ConfigError naming the key."""
+    if overrides is None:
+        return []
+    if not isinstance(overrides, Mapping):
+        raise TypeError(
+            f"overrides: expected a dict of dotted keys, not {type(overrides).__name__}"
+        )
+    from .config import dump_config
+
+    out = []
+    for key, value in overrides.items():
+        _check_key(key, "")
+        value = python_value(value, key)
+        try:  # (dump_config writes a key outside the schema as one TOML line)
+            text = dump_config({"v": value}).split("=", 1)[1].strip()
+        except TypeError:
+            raise ConfigError(
+                f"config key '{key}' = {value!r}: expected a string, number, boolean, list or dict"
+            ) from None
+        out.append(f"{key}={text}")
+    return out
+
+
+def simulation_config(
+    path: str | None, overrides: list[str], doc: dict | None = None
+) -> tuple[dict, int]:
+    """The effective config ``edgefl simulate`` runs (``sim.clock`` auto -> virtual,
+    relative profile files made absolute) and its MPI rank count (``fleet.ranks``, capped so
+    that no worker rank is idle). Raises ConfigError for a bad config."""
+    from .config import load_config, with_values
+
+    cfg = load_config(path, overrides, doc=doc)
+    effective: dict = {}
+    if cfg["sim"]["clock"] == "auto":
+        effective["sim.clock"] = "virtual"
+    prof = cfg["sim"]["profiles"]
+    if prof.endswith((".toml", ".csv")) and not Path(prof).is_absolute():
+        effective["sim.profiles"] = str(Path(prof).resolve())  # the ranks read the run's copy
+    cfg = with_values(cfg, effective)
+    ranks = cfg["fleet"]["ranks"]
+    servers = cfg["ps"]["servers"]  # server shard ranks 1..servers (docs/parameter-server.md)
+    if ranks - 1 - servers > cfg["fleet"]["devices"]:
+        ranks = cfg["fleet"]["devices"] + 1 + servers  # no idle worker ranks
+    if servers:
+        from .runtime.policies import check_shards
+
+        check_shards(cfg, ranks)
+    return cfg, ranks
+
+
+def main_specs(cfg: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(config key, value) of every string in ``cfg`` naming an object of ``__main__``."""
+    found: list[tuple[str, str]] = []
+    if isinstance(cfg, dict):
+        for k, v in cfg.items():
+            found += main_specs(v, f"{prefix}{k}.")
+    elif isinstance(cfg, list):
+        for v in cfg:
+            found += main_specs(v, prefix)
+    elif isinstance(cfg, str) and cfg.startswith(_MAIN):
+        found.append((prefix.rstrip("."), cfg))
+    return found
+
+
+def check_ranks_can_import(cfg: dict) -> None:
+    """Refuse, before any launch, a config naming objects of ``__main__`` (``"__main__:Net"``):
+    MPI ranks are new processes that import ``python -m edgefl``, not the caller's script."""
+    for key, spec in main_specs(cfg)[:1]:
+        raise ConfigError(
+            f"config key '{key}' = {spec!r}: the MPI ranks are new processes that cannot "
+            "import your script's __main__; move it into a module file (e.g. mymodels.py, "
+            "then 'mymodels:Name') or run in this process with "
+            'edgefl.simulate(..., backend="inline")'
+        )
+
+
+def preflight(cfg: dict) -> None:
+    """Build the data source and model once here, so a bad plug-in, missing file or bad
+    model argument fails with one line before any rank starts."""
+    from .runtime.policies import check_policies
+    from .runtime.state import build_task
+    from .runtime.trackers import check_trackers
+    from .training import check_training
+
+    check_policies(cfg)
+    check_trackers(cfg)  # optional packages of output.trackers (tensorboard, mlflow)
+    task = build_task(cfg, "cpu")
+    task.data.test()
+    check_training(cfg, task)  # train.loss, train.optimizer, train.client
+    if cfg["sim"]["clock"] == "virtual":
+        from .sim.profiles import load_fleet
+
+        load_fleet(cfg["sim"]["profiles"], cfg["fleet"]["devices"], cfg["seed"])
+
+
+# -- the MPI backend ----------------------------------------------------------------------
+def check_mpi4py() -> None:
+    """EdgeflError with the install command when mpi4py is missing."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise EdgeflError(
+            "mpi4py is not installed: pip install 'edgefl[mpi]' (mpi4py + Open MPI)"
+        ) from None
+
+
+def mpi_launcher(cfg: dict) -> tuple[Any, dict]:
+    """(the mpiexec to use, the config adjusted to it): an MPI that cannot report dead
+    ranks gets ``comm.failure_timeout_s`` = 120 s unless one is set."""
+    from .config import with_values
+    from .launcher import find_mpiexec
+
+    check_mpi4py()
+    launcher = find_mpiexec()
+    if launcher.failure_detection() == "timeout" and cfg["comm"]["failure_timeout_s"] == 0:
+        # this MPI cannot report dead ranks: fall back to time-outs (docs/architecture.md, Failures)
+        cfg = with_values(cfg, {"comm.failure_timeout_s": 120.0})
+    return launcher, cfg
+
+
+def mpi_command(launcher: Any, ranks: int, run_dir: Path, resume: str | None = None) -> list[str]:
+    """The mpiexec command line running ``python -m edgefl run`` on the run directory's
+    config.toml."""
+    argv = [sys.executable, "-m", "edgefl", "run", str(run_dir / "config.toml"), "--out",
+            str(run_dir)]  # fmt: skip
+    if resume:
+        argv += ["--resume", str(resume)]
+    return launcher.command(ranks, argv)
+
+
+def banner(cfg: dict, ranks: int, launcher: Any, run_dir: Path) -> str:
+    """The line ``edgefl simulate`` prints before launching."""
+    servers = cfg["ps"]["servers"]
+    return (
+        f"edgefl simulate: {cfg['fleet']['devices']} devices on {ranks - 1 - servers} worker "
+        f"ranks + {f'{servers} server shards + ' if servers else ''}coordinator "
+        f"({launcher.flavor} {launcher.version}), run directory {run_dir}"
+    )
+
+
+def launch_mpi(cmd: list[str], run_dir: Path, relay: bool = False) -> int:
+    """Run the mpiexec command and return the job's exit status (rank 0's verdict in
+    ``run_dir/exit_status``, else mpiexec's). ``relay``: copy the ranks' output into this
+    process's ``sys.stdout``/``sys.stderr`` (a notebook) instead of sharing its file
+    descriptors."""
+    from .launcher import child_env
+
+    status_file = run_dir / "exit_status"
+    status_file.unlink(missing_ok=True)
+    env = child_env(_isatty(sys.stdout))
+    if relay:
+        returncode = _run_relayed(cmd, env)
+    else:
+        returncode = subprocess.run(cmd, env=env).returncode
+    try:  # rank 0's verdict: an MPI without ULFM reports a killed rank as the job's status
+        return int(status_file.read_text().strip())
+    except (OSError, ValueError):
+        return returncode
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _needs_relay() -> bool:
+    """True when sys.stdout/stderr are not this process's file descriptors 1/2 (Jupyter,
+    captured output), so a child's output would not show where the caller looks."""
+    for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+        try:
+            if stream.fileno() != fd:
+                return True
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation included
+            return True
+    return False
+
+
+def _run_relayed(cmd: list[str], env: dict[str, str]) -> int:
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def copy(src: IO[bytes], name: str) -> None:
+        for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
+            dest = getattr(sys, name)
+            dest.write(chunk.decode("utf-8", "replace"))
+            dest.flush()
+
+    threads = [
+        threading.Thread(target=copy, args=(proc.stdout, "stdout"), daemon=True),
+        threading.Thread(target=copy, args=(proc.stderr, "stderr"), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        proc.wait()
+    except BaseException:  # KeyboardInterrupt: do not leave the ranks running
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        for t in threads:
+            t.join(timeout=5)
+    return proc.returncode
+
+
+# -- reading a run directory --------------------------------------------------------------
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EdgeflError(f"'{path}' not found: not a finished run directory") from None
+    except (OSError, ValueError) as e:
+        raise EdgeflError(f"cannot read '{path}': {e}") from None
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise EdgeflError(f"'{path}' not found: not a run directory") from None
+    except OSError as e:
+        raise EdgeflError(f"cannot read '{path}': {e.strerror}") from None
+    try:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except ValueError as e:
+        raise EdgeflError(f"cannot read '{path}': {e}") from None
