@@ -149,8 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not any(v in os.environ for v in MPI_ENV):
         raise EdgeflError(
             "edgefl run must be started by an MPI launcher with at least 2 ranks, e.g. "
-            f"'mpiexec -n 4 edgefl run {args.config}' (or let 'edgefl simulate "
-            f"{args.config}' launch it)"
+            f"'mpiexec -n 2 edgefl run {args.config}' (Open MPI: add --oversubscribe for "
+            f"more ranks than cores; or let 'edgefl simulate {args.config}' launch it)"
         )
     from .api import check_mpi4py
 
@@ -162,7 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if rank == 0:
             print(
                 "edgefl: error: edgefl run needs at least 2 MPI ranks (1 coordinator + workers),"
-                f" e.g. 'mpiexec -n 4 edgefl run {args.config}'",
+                f" e.g. 'mpiexec -n 2 edgefl run {args.config}'",
                 file=sys.stderr,
             )
         return 2

@@ -79,3 +79,14 @@ class RegressionClient:
 def bad_client(model, dataset, task, ctx):
     """Returns something that is not a result."""
     return 42
+
+
+class BrokenNet(torch.nn.Module):
+    """A model whose forward always fails (caught before launch)."""
+
+    def __init__(self, info):
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 1)
+
+    def forward(self, x):
+        raise RuntimeError("no forward today")

@@ -39,15 +39,23 @@ TINY = {
 }
 
 
+def _boom(grad):
+    raise RuntimeError("boom in backward")
+
+
 class Boom(torch.nn.Module):
-    """A model whose forward fails: every worker's first (warm-up) step raises."""
+    """A model whose backward fails: every worker's first (warm-up) step raises (its
+    forward works, so the pre-launch check, which only runs forward, passes)."""
 
     def __init__(self, info):
         super().__init__()
         self.lin = torch.nn.Linear(10, info.num_classes)
 
     def forward(self, x):
-        raise RuntimeError("boom in forward")
+        y = self.lin(x)
+        if y.requires_grad:
+            y.register_hook(_boom)
+        return y
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +161,7 @@ def test_failed_run_raises_run_failed(tmp_path):
     with pytest.raises(edgefl.RunFailed) as e:
         edgefl.simulate(overrides=sets, out=tmp_path / "run", backend="inline")
     assert e.value.status == 2 and e.value.run_dir == tmp_path / "run"
-    assert "exit status 2" in str(e.value) and "boom in forward" in str(e.value)
+    assert "exit status 2" in str(e.value) and "boom in backward" in str(e.value)
     assert (tmp_path / "run" / "exit_status").read_text().strip() == "2"
 
 

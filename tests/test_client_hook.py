@@ -89,7 +89,7 @@ def test_bad_loss_specs_are_one_line_errors():
         resolve_loss("cross-entropy", "regression")
     with pytest.raises(ConfigError, match="'train.loss': 'hinge' is not auto"):
         resolve_loss("hinge", "classification")
-    with pytest.raises(ConfigError, match="'train.loss': cannot import 'no_such_mod'"):
+    with pytest.raises(ConfigError, match="'train.loss' = 'no_such_mod:f': cannot import"):
         resolve_loss("no_such_mod:f", "classification")
     with pytest.raises(ConfigError, match="module 'client_helpers' has no 'nope'"):
         resolve_loss("client_helpers:nope", "regression")
@@ -177,7 +177,7 @@ def test_client_metrics_reach_the_rows(regression_inline):
 
 
 def test_client_metrics_decoding_refuses_bad_payloads():
-    from edgefl.algorithms.clientmetrics.halves import decode
+    from edgefl.algorithms.clientmetrics.codec import decode
 
     ok = np.frombuffer(b'{"samples": 3, "mae": 0.5}', np.uint8)
     assert decode(ok) == {"samples": 3.0, "mae": 0.5}
@@ -186,8 +186,9 @@ def test_client_metrics_decoding_refuses_bad_payloads():
             decode(np.frombuffer(bad, np.uint8))
 
 
-@pytest.mark.mpi
-def test_user_client_over_mpi_trains_the_inline_model(regression_inline, tmp_path, launcher):
+def _mpi_simulate(overrides: dict, out: Path) -> str:
+    """``edgefl.simulate(overrides, out)`` over real mpiexec, in a fresh process whose ranks
+    can import tests/client_helpers.py; returns the model's sha256."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]))
     code = (
         "import json, sys, edgefl\n"
@@ -195,25 +196,42 @@ def test_user_client_over_mpi_trains_the_inline_model(regression_inline, tmp_pat
         "print(r.model_sha256)\n"
     )
     for attempt in range(3):  # Open MPI sometimes fails to start at all (conftest.py)
-        out = tmp_path / f"mpi{attempt}"
+        run_dir = out.with_name(f"{out.name}-{attempt}")
         p = subprocess.run(
-            [sys.executable, "-c", code, json.dumps(REGRESSION), str(out)],
-            capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path,
+            [sys.executable, "-c", code, json.dumps(overrides), str(run_dir)],
+            capture_output=True, text=True, env=env, timeout=300, cwd=out.parent,
         )  # fmt: skip
         if p.returncode == 0 or "PMIx server's listener" not in p.stderr or attempt == 2:
             break
     assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.strip().splitlines()[-1] == regression_inline.model_sha256
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    out.symlink_to(run_dir)
+    return p.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.mpi
+def test_user_client_over_mpi_trains_the_inline_model(regression_inline, tmp_path, launcher):
+    sha = _mpi_simulate(REGRESSION, tmp_path / "mpi")
+    assert sha == regression_inline.model_sha256
+    rows = [json.loads(line) for line in (tmp_path / "mpi" / "metrics.jsonl").open()]
     assert rows[-1]["test_loss"] < REGRESSION_BOUND
+    assert [r["test_loss"] for r in rows] == [m["test_loss"] for m in regression_inline.metrics]
+
+
+BINARY = {**BASE, "data.source": "client_helpers:binary", "train.lr": 0.5}
 
 
 def test_single_logit_binary_model_without_the_two_logit_trick(tmp_path):
-    sets = {**BASE, "data.source": "client_helpers:binary", "train.lr": 0.5}
-    r = edgefl.simulate(overrides=sets, out=tmp_path / "run", backend="inline")
+    r = edgefl.simulate(overrides=BINARY, out=tmp_path / "run", backend="inline")
     assert r.model().linear.weight.shape == (1, 6)  # one logit
     accs = [m["test_accuracy"] for m in r.metrics]
     assert accs[-1] > 0.9 and accs[-1] > accs[0], accs
+    assert r.config["train"]["loss"] == "auto"  # bce-with-logits for a binary task
+
+
+@pytest.mark.mpi
+def test_single_logit_binary_model_over_mpi(tmp_path, launcher):
+    inline = edgefl.simulate(overrides=BINARY, out=tmp_path / "inline", backend="inline")
+    assert _mpi_simulate(BINARY, tmp_path / "mpi") == inline.model_sha256
 
 
 def test_user_loss_function_is_used(tmp_path):
@@ -308,3 +326,14 @@ def test_scaffold_refuses_what_it_cannot_run_with():
         cfg = load_config(None, ["scaffold.enabled=true", *sets])
         with pytest.raises(ConfigError, match=f"'scaffold.enabled' = true: needs {key}"):
             check_policies(cfg)
+
+
+def test_model_and_loss_that_do_not_fit_fail_before_launch(tmp_path):
+    bad_model = {**REGRESSION, "model.name": "client_helpers:BrokenNet"}
+    with pytest.raises(ConfigError, match="'model.name' = 'client_helpers:BrokenNet': forward"):
+        edgefl.simulate(overrides=bad_model, out=tmp_path / "a", backend="inline")
+    # a regression model's one output against cross-entropy's class labels
+    bad_loss = {**BINARY, "train.loss": "mse", "data.source": "synthetic"}
+    with pytest.raises(ConfigError, match="'train.loss' = 'mse' \\(mse\\): fails on"):
+        edgefl.simulate(overrides=bad_loss, out=tmp_path / "b", backend="inline")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -38,12 +38,12 @@ def test_load_metrics_by_module_function():
 @pytest.mark.parametrize(
     ("spec", "why"),
     [
-        ("fedeval_helpers.top2", "expected 'package.module:function'"),
+        ("fedeval_helpers.top2", "expected 'package.module:name'"),
         ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
         ("fedeval_helpers:nope", "has no 'nope'"),
         ("fedeval_helpers:NOT_CALLABLE", "is not callable"),
         ("fedeval_helpers:loss", "has no"),
-        (3, "expected 'package.module:function'"),
+        (3, "expected 'package.module:name'"),
     ],
 )
 def test_bad_metric_spec_is_a_one_line_config_error(spec, why):

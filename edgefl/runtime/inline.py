@@ -20,7 +20,6 @@ import logging
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -117,7 +116,7 @@ def _run(cfg: dict, run_dir: Path, ranks: int) -> tuple[int, str]:
 def _side(cfg: dict, t: Transport, task: Task, run_dir: Path, statuses: list) -> None:
     """Rank ``t.rank`` >= 1: a server shard or a worker, until rank 0's STOP. An error is
     reported to rank 0 (ERROR), which then stops everybody, as under MPI."""
-    from .worker import Worker, error_payload
+    from .worker import Worker, error_payload, error_text
 
     side = None
     try:
@@ -130,13 +129,9 @@ def _side(cfg: dict, t: Transport, task: Task, run_dir: Path, statuses: list) ->
         side.register()
         statuses[t.rank] = side.run()
     except Exception as e:  # noqa: BLE001 - reported to rank 0, which stops the job
-        where = getattr(side, "doing", "set-up")
-        if isinstance(e, EdgeflError):
-            text = str(e)
-        else:
-            traceback.print_exc()  # not a user error: keep the details on stderr
-            text = f"{where}: {type(e).__name__}: {e}"
-        t.send(0, Kind.ERROR, payload=error_payload(text))
+        t.send(
+            0, Kind.ERROR, payload=error_payload(error_text(getattr(side, "doing", "set-up"), e))
+        )
         statuses[t.rank] = _await_stop(t)
     finally:
         t.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-import traceback
 
 import torch
 
@@ -53,7 +52,7 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
         local_rank: node-local rank (GPU choice).
     """
     from .coordinator import Coordinator
-    from .worker import Worker, error_payload
+    from .worker import Worker, error_payload, error_text
 
     torch.set_num_threads(cfg["fleet"]["threads"])
     if cfg["sim"]["clock"] == "auto":  # (`edgefl simulate` resolves it to "virtual")
@@ -105,12 +104,7 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                     note_failure()
             except Exception as e:  # report, so rank 0 stops everyone instead of hanging
                 where = worker.doing if worker is not None else "set-up"
-                if isinstance(e, EdgeflError):
-                    text = str(e)
-                else:
-                    traceback.print_exc()  # not a user error: keep the details on stderr
-                    text = f"{where}: {type(e).__name__}: {e}"
-                t.send(0, Kind.ERROR, payload=error_payload(text))
+                t.send(0, Kind.ERROR, payload=error_payload(error_text(where, e)))
                 t.wait_sends()
                 status = _await_stop(t)
                 t.send(0, Kind.HEARTBEAT)

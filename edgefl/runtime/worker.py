@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 from collections import deque
 
 import numpy as np
@@ -21,7 +22,7 @@ from ..algorithms import worker_plugins
 from ..algorithms.base import LocalJob, TaskSpec, WorkerPlugin
 from ..comm import Kind, Transport
 from ..data import FederatedDataset
-from ..errors import ConfigError
+from ..errors import ConfigError, EdgeflError
 from ..models import build_model
 from ..models.flat import FlatParams
 from ..models.train import local_train
@@ -391,6 +392,15 @@ class _LocalState:
         self.base = base
         self.params = params
         self.iterations = 0
+
+
+def error_text(where: str, e: Exception) -> str:
+    """The ERROR text of a worker-side failure: a user error's own line, else where it
+    happened and the exception (whose traceback goes to stderr)."""
+    if isinstance(e, EdgeflError):
+        return str(e)
+    traceback.print_exc()  # not a user error: keep the details on stderr
+    return f"{where}: {type(e).__name__}: {e}"
 
 
 def error_payload(text: str) -> np.ndarray:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError
-from ._spec import import_spec
+from ..specs import import_spec
 from .client import FitResult
 from .trainer import DefaultClient
 
@@ -59,9 +59,10 @@ def check_result(got: Any, spec: str, device: int) -> FitResult:
 
 
 def check_training(cfg: dict, task: Any) -> None:
-    """Before any rank starts: the loss, the optimizer and the client of ``cfg`` load, and
-    the loss accepts the model's output on two training examples of device 0 (a one-line
-    ConfigError naming the key otherwise). ``task``: :func:`edgefl.runtime.state.build_task`'s.
+    """Before any rank starts: the loss, the optimizer and the client of ``cfg`` load, the
+    model runs forward on two training examples of device 0 and the loss accepts its
+    output (a one-line ConfigError naming the key otherwise). ``task``: what
+    :func:`edgefl.runtime.state.build_task` returns.
     """
     import torch
 
@@ -81,13 +82,19 @@ def check_training(cfg: dict, task: Any) -> None:
     try:
         with torch.no_grad():
             out = task.model(x)
+    except Exception as e:  # the model cannot run on the data: one line
+        raise ConfigError(
+            f"config key 'model.name' = {cfg['model']['name']!r}: forward fails on two "
+            f"training examples {tuple(x.shape)} of device 0: {type(e).__name__}: {e}"
+        ) from None
+    try:
+        with torch.no_grad():
             value = loss(out, y)
         if value.dim() != 0:
             raise ValueError(f"returned shape {tuple(value.shape)}, not a scalar (the mean)")
     except Exception as e:  # the loss does not fit the model or the data: one line
-        shape = tuple(out.shape) if "out" in locals() else "?"
         raise ConfigError(
             f"config key 'train.loss' = {tr['loss']!r} ({loss.name}): fails on the model's "
-            f"output {shape} and targets {tuple(y.shape)} {y.dtype} of device 0: "
+            f"output {tuple(out.shape)} and targets {tuple(y.shape)} {y.dtype} of device 0: "
             f"{type(e).__name__}: {e}"
         ) from None

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from ._spec import import_spec
+from ..specs import import_spec
 
 #: the loss ``train.loss = "auto"`` picks for each task of the data source
 AUTO = {

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from ..errors import ConfigError
-from ._spec import import_spec
+from ..specs import import_spec
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..base import Plugin
-from .halves import ClientMetricsCoordinator, ClientMetricsWorker
+from .coordinator import ClientMetricsCoordinator
+from .worker import ClientMetricsWorker
 
 
 class ClientMetrics(Plugin):

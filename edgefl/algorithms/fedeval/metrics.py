@@ -15,7 +15,6 @@ name in the rows is the function's name (``fed_<name>``, ``test_<name>``).
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -28,6 +27,7 @@ from torch.utils.data import Dataset, Subset, default_collate
 from ...errors import ConfigError
 from ...models.train import as_tensors, evaluate
 from ...seeding import HOLDOUT, derive_seed
+from ...specs import import_spec
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # keys of a device result that are not metric names
@@ -38,25 +38,8 @@ BATCH = 1024  # examples per evaluation batch
 def load_metric(spec: Any, key: str) -> tuple[str, Metric]:
     """(name, function) of one ``"package.module:function"``; ConfigError naming ``key``
     when it is not such a string, cannot be imported or is not callable."""
-    if not isinstance(spec, str):
-        raise ConfigError(f"config key '{key}' = {spec!r}: expected 'package.module:function'")
-    mod, sep, name = spec.partition(":")
-    if not sep or not mod or not name:
-        raise ConfigError(f"config key '{key}' = {spec!r}: expected 'package.module:function'")
-    try:
-        obj: Any = importlib.import_module(mod)
-    except ImportError as e:
-        raise ConfigError(f"config key '{key}' = {spec!r}: cannot import {mod!r}: {e}") from None
-    except Exception as e:  # a module that fails while importing: one line
-        raise ConfigError(
-            f"config key '{key}' = {spec!r}: importing {mod!r} failed: {type(e).__name__}: {e}"
-        ) from None
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"config key '{key}' = {spec!r}: module {mod!r} has no {name!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ConfigError(f"config key '{key}' = {spec!r}: {name!r} is not callable")
+    obj = import_spec(spec, key)
+    name = spec.partition(":")[2]
     return name.rsplit(".", 1)[-1], obj
 
 

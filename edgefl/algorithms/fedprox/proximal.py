@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from ...training.views import flat_views
+
 
 def proximal_hook(
     params: Sequence[torch.Tensor], offsets: Sequence[int], anchor: np.ndarray, mu: float
@@ -19,9 +21,7 @@ def proximal_hook(
         anchor: the flat model the task started from (float32, at least the parameters).
         mu: the proximal coefficient (>= 0).
     """
-    dev = params[0].device if params else torch.device("cpu")
-    flat = torch.from_numpy(np.ascontiguousarray(anchor, np.float32)).to(dev)
-    anchors = [flat[o : o + p.numel()].view_as(p) for p, o in zip(params, offsets, strict=True)]
+    anchors = flat_views(params, offsets, anchor)
 
     def hook(model: torch.nn.Module) -> None:
         with torch.no_grad():

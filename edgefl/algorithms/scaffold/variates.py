@@ -7,15 +7,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from ...training.views import flat_views
+
 
 def correction_hook(
     params: Sequence[torch.Tensor], offsets: Sequence[int], correction: np.ndarray
 ) -> Callable[[torch.nn.Module], None]:
     """A gradient hook adding ``correction`` (``c - c_i``, flat float32 over the
     parameters) to the parameters' gradients."""
-    dev = params[0].device if params else torch.device("cpu")
-    flat = torch.from_numpy(np.ascontiguousarray(correction, np.float32)).to(dev)
-    parts = [flat[o : o + p.numel()].view_as(p) for p, o in zip(params, offsets, strict=True)]
+    parts = flat_views(params, offsets, correction)
 
     def hook(model: torch.nn.Module) -> None:
         with torch.no_grad():

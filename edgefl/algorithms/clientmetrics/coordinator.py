@@ -1,47 +1,12 @@
-"""Both halves of the client-metrics plugin (worker: send; rank 0: fold into the rows)."""
+"""Rank 0's half of client metrics: fold each device's metrics into the row of its update."""
 
 from __future__ import annotations
 
-import json
-import math
-
-import numpy as np
-
 from ...comm import Message
 from ...comm.wire import HEADER_BYTES
-from ..base import CoordinatorPlugin, LocalJob, WorkerPlugin
+from ..base import CoordinatorPlugin
+from .codec import decode
 from .kinds import CLIENT_METRICS
-
-MAX_METRICS = 64  # names per task (a bigger message is refused)
-
-
-class ClientMetricsWorker(WorkerPlugin):
-    """Sends a task's metrics just before its update (same rank pair: they arrive first)."""
-
-    def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
-        if job.metrics:
-            body = {"samples": int(job.ctx.get("client_samples", 0)), **job.metrics}
-            payload = np.frombuffer(json.dumps(body).encode("utf-8"), np.uint8).copy()
-            self.core.t.send(0, CLIENT_METRICS, device=d, round=job.task, payload=payload)
-        return False  # the update itself is sent by the core or another plugin
-
-
-def decode(payload: np.ndarray) -> dict[str, float]:
-    """The metrics of a CLIENT_METRICS payload; ValueError for anything malformed."""
-    try:
-        body = json.loads(bytes(payload).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"not UTF-8 JSON ({e})") from None
-    if not isinstance(body, dict) or len(body) > MAX_METRICS + 1:
-        raise ValueError("not an object of at most 64 metrics")
-    out = {}
-    for k, v in body.items():
-        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"metric {k!r} is not a number")
-        if not math.isfinite(v):
-            raise ValueError(f"metric {k!r} is not finite")
-        out[k] = float(v)
-    return out
 
 
 class ClientMetricsCoordinator(CoordinatorPlugin):
