@@ -97,8 +97,14 @@ def run_loopback_job(cfg: dict, ranks: int, *, shard_cls=None, coordinator_cls=N
     statuses: list = [None] * ranks
     servers = cfg["ps"]["servers"]
 
+    # every rank's task is built before any thread starts: a worker's warm-up step draws
+    # from torch's global RNG when the data has no tensor fast path (a DataLoader draws a
+    # base seed), and a draw landing inside another rank's seeded model initialisation
+    # would change that model (edgefl/runtime/inline.py does the same)
+    tasks = [build_task(cfg) for _ in range(ranks)]
+
     def side(r: int) -> None:
-        task = build_task(cfg)
+        task = tasks[r]
         t = LoopbackTransport(fabric, r, Validator(r, model_numel=task.flat.numel))
         if is_shard(r, servers):
             w = (shard_cls or Shard)(cfg, t, task.flat.numel, task.signature)
@@ -114,7 +120,7 @@ def run_loopback_job(cfg: dict, ranks: int, *, shard_cls=None, coordinator_cls=N
     threads = [threading.Thread(target=side, args=(r,)) for r in range(1, ranks)]
     for th in threads:
         th.start()
-    task = build_task(cfg)
+    task = tasks[0]
     t0 = LoopbackTransport(fabric, 0, Validator(0, model_numel=task.flat.numel))
     coord = (coordinator_cls or Coordinator)(cfg, t0, task, out_dir=None)
     coord.register()

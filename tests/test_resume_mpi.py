@@ -21,16 +21,11 @@ from golden.configs import effective_config, job, load_models, simulate_argv  # 
 
 MODELS = load_models()
 SAMPLE = (
-    "hermes",  # ASP, gated devices, allocation, loss-weighted
-    "hermes_softmax_broadcast_all",
-    "gddr_adaptive",
-    "hermes_gddr",
-    "cdgrab_step",
-    "dp",
-    "fedbuff",
-    "server_fedadam",
+    "hermes_gddr",  # ASP, gated devices, allocation, residual buffers (per-device state)
+    "cdgrab_step",  # the orderer's state and streamed rows
+    "server_fedadam",  # server-optimizer state
     "ps_significant_float16",  # sparse pushes with a filter: the filter residuals
-    "ps_servers_3_replicas_2",
+    "ps_servers_3_replicas_2",  # a sharded server group with replicas
     "scaffold_small",  # server and client control variates
 )
 

@@ -328,20 +328,31 @@ def test_forgery_storm_changes_nothing(tmp_path, launcher, clean, inject):
     assert s["model_sha256"] == clean["model_sha256"]
 
 
-@MPI
-@pytest.mark.slow
+@pytest.fixture(scope="module")
+def clean_inline(tmp_path_factory) -> dict:
+    """The fault-free run in one process (edgefl.simulate, backend inline: the MPI run's
+    arithmetic, tests/test_api.py)."""
+    import edgefl
+
+    tmp = tmp_path_factory.mktemp("clean-inline")
+    return edgefl.simulate(_config(tmp), out=tmp / "run", backend="inline").summary
+
+
 @pytest.mark.parametrize(
     "aggregation", ["mean", "median", "trimmed-mean", "krum"]
 )  # fmt: skip
-def test_byzantine_signflip(tmp_path, launcher, clean, aggregation):
-    out = tmp_path / "run"
-    p = simulate(
-        _config(tmp_path), out, f"algorithm.aggregation={json.dumps(aggregation)}",
-        "debug.byzantine=[0,1]", 'debug.byzantine_mode="signflip"', "debug.byzantine_scale=10.0",
-        "robust.trim_fraction=0.2", "robust.krum_f=2",
-    )  # fmt: skip
-    assert p.returncode == 0, _text(p)
-    acc, ref = summary(out)["final_accuracy"], clean["final_accuracy"]
+def test_byzantine_signflip(tmp_path, clean_inline, aggregation):
+    """Two devices send sign-flipped, 10x scaled updates (a debug hook of the workers, not
+    an MPI behaviour: run in one process)."""
+    import edgefl
+
+    sets = {
+        "algorithm.aggregation": aggregation, "debug.byzantine": [0, 1],
+        "debug.byzantine_mode": "signflip", "debug.byzantine_scale": 10.0,
+        "robust.trim_fraction": 0.2, "robust.krum_f": 2,
+    }  # fmt: skip
+    r = edgefl.simulate(_config(tmp_path), overrides=sets, out=tmp_path / "run", backend="inline")
+    acc, ref = r.summary["final_accuracy"], clean_inline["final_accuracy"]
     print(f"{aggregation}: {acc:.4f} (clean {ref:.4f})")
     if aggregation == "mean":
         assert acc < ref - 0.2  # visibly broken
@@ -352,7 +363,7 @@ def test_byzantine_signflip(tmp_path, launcher, clean, aggregation):
 @MPI
 @pytest.mark.slow
 def test_many_ranks_asp_serves_every_device(tmp_path, launcher):
-    devices, ranks = 46, 24
+    devices, ranks = 22, 12
     out = tmp_path / "run"
     p = simulate(
         _config(tmp_path), out, f"fleet.devices={devices}", f"fleet.ranks={ranks}",
