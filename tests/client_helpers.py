@@ -71,7 +71,7 @@ class RegressionClient:
                 ctx.before_step(model)
                 opt.step()
                 total += float(loss.detach()) * len(yb)
-                abs_err += float((out - yb).abs().sum())
+                abs_err += float((out.detach() - yb).abs().sum())
                 seen += len(yb)
         return FitResult(seen, total / max(seen, 1), {"mae": abs_err / max(seen, 1)})
 

@@ -26,8 +26,13 @@ def _run(out, *extra):
     return json.loads((out / "summary.json").read_text())
 
 
-def test_sparse_pushes_cut_bytes_and_cache_misses_are_resent(tmp_path, launcher):
-    dense = _run(tmp_path / "dense", *CLICKS)
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory, launcher) -> dict:
+    """The dense-push run both tests compare with (made once)."""
+    return _run(tmp_path_factory.mktemp("ps") / "dense", *CLICKS)
+
+
+def test_sparse_pushes_cut_bytes_and_cache_misses_are_resent(tmp_path, dense):
     sparse = _run(tmp_path / "sparse", *SPARSE)
     forgetful = _run(tmp_path / "forget", *SPARSE, "--set", "debug.forget_key_cache_every=2")
     up = {k: sum(d["bytes_up"] for d in s["devices"].values())
@@ -45,8 +50,7 @@ def test_sparse_pushes_cut_bytes_and_cache_misses_are_resent(tmp_path, launcher)
     assert sparse["rounds_done"] == dense["rounds_done"] == 8
 
 
-def test_significance_filter_holds_back_and_flushes(tmp_path, launcher):
-    dense = _run(tmp_path / "dense", *CLICKS)
+def test_significance_filter_holds_back_and_flushes(tmp_path, dense):
     s = _run(tmp_path / "sig", *SPARSE, "--set", 'ps.filters=["significant"]',
              "--set", "ps.sig_threshold=0.001", "--set", "ps.value_dtype=float16")  # fmt: skip
     up = sum(d["bytes_up"] for d in s["devices"].values())

@@ -23,8 +23,6 @@ MODELS = load_models()
 SAMPLE = (
     "hermes_gddr",  # ASP, gated devices, allocation, residual buffers (per-device state)
     "cdgrab_step",  # the orderer's state and streamed rows
-    "server_fedadam",  # server-optimizer state
-    "ps_significant_float16",  # sparse pushes with a filter: the filter residuals
     "ps_servers_3_replicas_2",  # a sharded server group with replicas
     "scaffold_small",  # server and client control variates
 )

@@ -42,7 +42,9 @@ def _run(tmp_path, name, policy, rounds, *extra):
     return out, summary
 
 
-@pytest.mark.parametrize("policy,rounds", [("asp", 40), ("bsp", 4)])
+# ASP: the policy whose order of events depends on every device's timing (BSP rounds wait
+# for everyone, so delays cannot reorder what they apply)
+@pytest.mark.parametrize("policy,rounds", [("asp", 40)])
 def test_same_events_and_model_under_random_real_delays(tmp_path, launcher, policy, rounds):
     a, sa = _run(tmp_path, "a", policy, rounds)
     b, sb = _run(tmp_path, "b", policy, rounds, "--set", "debug.delay_s=0.02")
