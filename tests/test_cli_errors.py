@@ -60,6 +60,13 @@ SIMULATE_CASES = [
     ("unknown-key", "[train]\nlrr = 0.1\n", [], ["'train.lrr'", "job.toml", "'train.lr'"]),
     ("wrong-type", '[run]\nrounds = "ten"\n', [], ["'run.rounds'", "'ten'", "an integer"]),
     ("missing-config", None, ["nope.toml"], ["nope.toml", "not found"]),
+    ("config-is-a-directory", None, ["somedir"], ["'somedir' is a directory"]),
+    (
+        "plugin-raises",
+        '[data]\nsource = "raising_source:make"\n',
+        [],
+        ["data.source 'raising_source:make'", "raised RuntimeError: cannot read my data"],
+    ),
     (
         "plugin-module",
         '[data]\nsource = "no_such_pkg.mod:fn"\n',
@@ -89,11 +96,22 @@ def test_simulate_user_error(tmp_path, text, extra, needles):
         args.append("job.toml")
     truncated_checkpoint(tmp_path / "trunc.h5")
     (tmp_path / "garbage.h5").write_bytes(np.random.default_rng(0).bytes(4096))
+    (tmp_path / "somedir").mkdir()
+    (tmp_path / "raising_source.py").write_text(
+        "def make(num_devices, seed):\n    raise RuntimeError('cannot read my data')\n"
+    )
     before = snapshot(tmp_path)
     proc = run_edgefl(*args, *extra, "--out", str(tmp_path / "run"), cwd=tmp_path)
     assert_user_error(proc, *needles)
     assert not (tmp_path / "run").exists()
     assert snapshot(tmp_path) == before
+
+
+def test_empty_config_file_warns_and_runs_the_defaults(tmp_path):
+    (tmp_path / "empty.toml").write_text("# nothing yet\n")
+    proc = run_edgefl("simulate", "empty.toml", "--dry-run", "--out", "r", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "edgefl: warning: config file 'empty.toml' sets nothing" in proc.stderr
 
 
 def test_simulate_error_leaves_existing_run_dir_alone(tmp_path):

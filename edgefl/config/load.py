@@ -174,12 +174,22 @@ def _check_override_path(path: str) -> None:
 
 
 def read_toml(path: str | Path) -> dict:
-    """Read a TOML file; missing file or bad syntax gives a ConfigError naming the file."""
+    """Read a TOML file; missing file, a directory or bad syntax gives a ConfigError naming
+    the file. A file without any setting warns on stderr (the run is the built-in job)."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file '{path}' is a directory, not a TOML file")
     if not p.is_file():
         raise ConfigError(f"config file '{path}' not found")
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
+        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+        if not doc:
+            print(
+                f"edgefl: warning: config file '{path}' sets nothing: the built-in defaults "
+                "apply (edgefl config show prints them)",
+                file=sys.stderr,
+            )
+        return doc
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file '{path}': invalid TOML: {e}") from None
     except UnicodeDecodeError:

@@ -78,7 +78,12 @@ def load_plugin(
         raise DataError(f"{where}: cannot be called with ({names}): {one_line(exc)}") from exc
     except ValueError:  # no signature available (builtins): just try the call
         pass
-    result = fn(num_devices=num_devices, seed=seed, **args)
+    try:
+        result = fn(num_devices=num_devices, seed=seed, **args)
+    except DataError:
+        raise
+    except Exception as exc:  # the user's function failed: one line, before any rank starts
+        raise DataError(f"{where}: raised {type(exc).__name__}: {one_line(exc)}") from None
     return wrap_result(result, source, num_devices, args)
 
 
