@@ -6,9 +6,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from edgefl.data.base import TASKS
 from edgefl.errors import ConfigError
-
-TASKS = ("classification", "lm", "regression", "binary")
 
 
 def check_info(info: Any) -> tuple[tuple[int, ...], int, str, str]:

@@ -14,11 +14,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from edgefl.data.base import TASKS
 from edgefl.errors import ConfigError
-from edgefl.training.losses import AUTO, Loss, resolve_loss
+from edgefl.training.losses import Loss, resolve_loss
 from edgefl.training.trainer import as_tensors
-
-TASKS = tuple(AUTO)
 
 
 def loss_fn(logits: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
