@@ -29,7 +29,8 @@ _MAIN = "__main__:"
 
 class RunFailed(EdgeflError):
     """A run that ended with a nonzero exit status (2: an error, see the message; 3: the
-    job stopped early, e.g. the model diverged).
+    job stopped early, e.g. the model diverged; 128 + N: killed by signal N from outside;
+    docs/fault-tolerance.md section 9 lists them all).
 
     Attributes:
         status: the job's exit status.
@@ -335,23 +336,98 @@ def check_ranks_can_import(cfg: dict) -> None:
         )
 
 
-def preflight(cfg: dict) -> None:
-    """Build the data source and model once here, so a bad plug-in, missing file or bad
-    model argument fails with one line before any rank starts."""
+def check_cuda(cfg: dict) -> None:
+    """``edgefl simulate`` runs its ranks on this machine: a CUDA torch device asked for in
+    ``fleet.device`` or ``fleet.device_map`` where torch sees no GPU is one line now, not a
+    worker's error after MPI started (``edgefl run`` on a cluster checks on each rank)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    f = cfg["fleet"]
+    asked = [("fleet.device", f["device"])]
+    asked += [(f"fleet.device_map.{d}", v) for d, v in sorted(f["device_map"].items())]
+    for key, value in asked:
+        if str(value).startswith("cuda"):
+            raise ConfigError(
+                f"config key '{key}' = {value!r}: torch device requested but CUDA is not "
+                "available here (torch.cuda.is_available() is False); use cpu or auto"
+            )
+
+
+def preflight(cfg: dict) -> str:
+    """Check in this process, before any rank starts, what would otherwise fail only once
+    MPI runs, each as a one-line error: the trackers; the data source and the model (built
+    once); the job's memory, estimated from four devices before anything of the fleet's
+    size is built (:mod:`edgefl.data.checks`; over what this machine has available: a
+    ConfigError naming ``fleet.devices``); the policies; the devices' training data and the
+    test set (labels, shapes, dtypes, NaN/inf, empty devices; ``run.preflight`` chooses
+    all devices, a sample or none); the training hooks; the device profiles.
+
+    Returns one line: what was checked and the memory estimate (empty with
+    ``run.preflight = "off"``). It is printed on stderr when worth reading (the estimate
+    is over half the available memory, or not every device was checked), else logged at
+    INFO (``EDGEFL_LOG=info``).
+    """
+    import logging
+    import time
+
+    from .data.checks import (
+        available_memory,
+        check_memory,
+        check_test,
+        estimate_memory,
+        fmt_bytes,
+        scan_devices,
+    )
     from .runtime.policies import check_policies
     from .runtime.state import build_task
     from .runtime.trackers import check_trackers
     from .training import check_training
 
-    check_policies(cfg)
     check_trackers(cfg)  # optional packages of output.trackers (tensorboard, mlflow)
+    check_cuda(cfg)
     task = build_task(cfg, "cpu")
-    task.data.test()
+    mode = cfg["run"].get("preflight", "auto")
+    source = cfg["data"]["source"]
+    line = ""
+    if mode == "off":
+        check_policies(cfg)
+        task.data.test()
+    else:
+        # the estimate comes before anything of the fleet's size (policies, test set)
+        fleet = cfg["fleet"]
+        ranks = min(fleet["ranks"], fleet["devices"] + 1 + cfg["ps"]["servers"])
+        est = estimate_memory(task.data, ranks + 1, 4 * int(task.flat.numel))
+        room = available_memory()
+        check_memory(est, room)
+        check_policies(cfg)
+        t0 = time.perf_counter()
+        scan = scan_devices(task.data, mode, source)
+        est.test_bytes = check_test(task.data, source)
+        seconds = time.perf_counter() - t0
+        check_memory(est, room)
+        checked = (
+            f"all {scan.devices} devices"
+            if scan.checked == scan.devices
+            else f'{scan.checked} of {scan.devices} devices (run.preflight = "full": all, '
+            f"about {scan.projected_s:.0f} s)"
+        )
+        of = f" of {fmt_bytes(room[0])} available" if room else ""
+        line = (
+            f"edgefl simulate: checked the data of {checked} and the test set in "
+            f"{seconds:.2f} s; memory estimate {fmt_bytes(est.total)}{of}"
+        )
+        if scan.checked < scan.devices or (room and est.total > room[0] / 2):
+            print(line, file=sys.stderr, flush=True)
+        else:
+            logging.getLogger(__name__).info(line)
     check_training(cfg, task)  # train.loss, train.optimizer, train.client
     if cfg["sim"]["clock"] == "virtual":
         from .sim.profiles import load_fleet
 
         load_fleet(cfg["sim"]["profiles"], cfg["fleet"]["devices"], cfg["seed"])
+    return line
 
 
 # -- the MPI backend ----------------------------------------------------------------------
@@ -379,10 +455,33 @@ def mpi_launcher(cfg: dict) -> tuple[Any, dict]:
     return launcher, cfg
 
 
+# Before 3.11 (no -P): what ``python -P -m edgefl`` does, as a -c program run as
+# ``python -c BOOT -m edgefl ARGS``: edgefl is imported without the working directory ('' on
+# sys.path), which then goes last.
+_BOOT = (
+    "import runpy, sys; cwd = sys.path.pop(0); import edgefl; sys.path.append(cwd); "
+    "del sys.argv[1:3]; runpy.run_module('edgefl', run_name='__main__', alter_sys=True)"
+)
+
+
+def rank_python() -> list[str]:
+    """The start of a rank's command line, ``-m edgefl`` to follow: ``python -P`` (Python
+    >= 3.11: the working directory is not put first on sys.path, so a folder named
+    ``edgefl`` there cannot shadow this package; :func:`edgefl.cli.main` appends it last,
+    so the user's modules there still import), before 3.11 a ``-c`` start that does the
+    same; plain ``python`` when this package itself was imported from the working
+    directory (a source tree run in place), whose ``edgefl`` folder is then this package."""
+    if Path(__file__).resolve().parent.parent == Path.cwd().resolve():
+        return [sys.executable]
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P"]
+    return [sys.executable, "-c", _BOOT]
+
+
 def mpi_command(launcher: Any, ranks: int, run_dir: Path, resume: str | None = None) -> list[str]:
     """The mpiexec command line running ``python -m edgefl run`` on the run directory's
     config.toml."""
-    argv = [sys.executable, "-m", "edgefl", "run", str(run_dir / "config.toml"), "--out",
+    argv = [*rank_python(), "-m", "edgefl", "run", str(run_dir / "config.toml"), "--out",
             str(run_dir)]  # fmt: skip
     if resume:
         argv += ["--resume", str(resume)]
@@ -400,23 +499,31 @@ def banner(cfg: dict, ranks: int, launcher: Any, run_dir: Path) -> str:
 
 
 def launch_mpi(cmd: list[str], run_dir: Path, relay: bool = False) -> int:
-    """Run the mpiexec command and return the job's exit status (rank 0's verdict in
-    ``run_dir/exit_status``, else mpiexec's). ``relay``: copy the ranks' output into this
-    process's ``sys.stdout``/``sys.stderr`` (a notebook) instead of sharing its file
-    descriptors."""
-    from .launcher import child_env
+    """Run the mpiexec command and return the job's exit status, also left in
+    ``run_dir/exit_status`` (rank 0's verdict, else what :class:`edgefl.launcher.Supervisor`
+    found: 130 interrupted, 128 + N mpiexec killed by signal N, else mpiexec's status).
+    SIGINT, SIGTERM or SIGHUP of this process stop every rank (within ``GRACE_S``); a
+    SIGINT then raises KeyboardInterrupt. Prints one last line on stderr when the job did
+    not end by itself. ``relay``: copy the ranks' output into this process's
+    ``sys.stdout``/``sys.stderr`` (a notebook) instead of sharing its file descriptors."""
+    import signal
+
+    from .launcher import Supervisor, child_env
 
     status_file = run_dir / "exit_status"
     status_file.unlink(missing_ok=True)
-    env = child_env(_isatty(sys.stdout))
+    sup = Supervisor(child_env(_isatty(sys.stdout)), status_file)
     if relay:
-        returncode = _run_relayed(cmd, env)
+        returncode = _run_relayed(cmd, sup)
     else:
-        returncode = subprocess.run(cmd, env=env).returncode
-    try:  # rank 0's verdict: an MPI without ULFM reports a killed rank as the job's status
-        return int(status_file.read_text().strip())
-    except (OSError, ValueError):
-        return returncode
+        sup.start(cmd)
+        returncode = sup.wait()
+    status, line = sup.conclude(returncode)
+    if line:
+        print(f"edgefl simulate: {line}", file=sys.stderr, flush=True)
+    if sup.signum == signal.SIGINT:
+        raise KeyboardInterrupt  # (the CLI turns it into 130)
+    return status
 
 
 def _isatty(stream: IO[str]) -> bool:
@@ -438,8 +545,10 @@ def _needs_relay() -> bool:
     return False
 
 
-def _run_relayed(cmd: list[str], env: dict[str, str]) -> int:
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _run_relayed(cmd: list[str], sup: Any) -> int:
+    """Run ``cmd`` under Supervisor ``sup`` with its output copied into ``sys.stdout`` /
+    ``sys.stderr``; mpiexec's return code."""
+    proc = sup.start(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def copy(src: IO[bytes], name: str) -> None:
         for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
@@ -454,15 +563,10 @@ def _run_relayed(cmd: list[str], env: dict[str, str]) -> int:
     for t in threads:
         t.start()
     try:
-        proc.wait()
-    except BaseException:  # KeyboardInterrupt: do not leave the ranks running
-        proc.kill()
-        proc.wait()
-        raise
+        return sup.wait()
     finally:
         for t in threads:
             t.join(timeout=5)
-    return proc.returncode
 
 
 # -- reading a run directory --------------------------------------------------------------

@@ -114,21 +114,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         preflight,
         simulation_config,
     )
-    from .ckpt import load_checkpoint
+    from .ckpt import resume_checkpoint
     from .runtime.rundir import prepare_run_dir, resolve_run_dir
 
     doc = None
-    if args.resume and not args.config:
-        # no config given: continue the checkpoint's own run (its config, plus any --set)
-        import tomllib
+    if args.resume:
+        # before MPI: a bad file (digest, schema) is one line; a directory: its newest good one
+        resume, resumed = resume_checkpoint(args.resume)
+        args.resume = str(resume)
+        if not args.config:
+            # no config given: continue the checkpoint's own run (its config, plus any --set)
+            import tomllib
 
-        doc = tomllib.loads(load_checkpoint(args.resume)["config_toml"])
-        # fault-test hooks describe the interrupted job, not its continuation
-        doc.get("debug", {}).pop("kill_ranks", None)
+            doc = tomllib.loads(resumed["config_toml"])
+            # fault-test hooks describe the interrupted job, not its continuation
+            doc.get("debug", {}).pop("kill_ranks", None)
+        del resumed
     # the effective config the ranks run with (written to the run directory)
     cfg, ranks = simulation_config(args.config, _overrides(args), doc=doc)
-    if args.resume:
-        load_checkpoint(args.resume)  # fail early on a missing or corrupt checkpoint
     check_ranks_can_import(cfg)
     launcher, cfg = mpi_launcher(cfg)
     preflight(cfg)
@@ -185,7 +188,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .ckpt import describe_checkpoint
 
-    print(describe_checkpoint(args.checkpoint))
+    text = describe_checkpoint(args.checkpoint)  # verifies all of it before printing any
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()  # a closed pipe (| head) raises here, inside main(), not at exit
     return 0
 
 
@@ -211,7 +216,15 @@ def cmd_config_matrix(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``edgefl`` console script; returns the exit status."""
+    """Entry point of the ``edgefl`` console script; returns the exit status: 0, 2 for a
+    user error (one line on stderr), 130 after Ctrl-C, 141 when the reader of the output
+    went away (``edgefl config docs | head``: the status of a process ended by SIGPIPE,
+    as ``git log | head`` gives; nothing is printed)."""
+    if getattr(sys.flags, "safe_path", False):
+        # started as `python -P` (the ranks of edgefl simulate): the working directory
+        # still imports the user's modules, but after the installed packages, so a folder
+        # named edgefl there cannot shadow this one
+        sys.path.append(os.getcwd())
     logging.basicConfig(
         level=os.environ.get("EDGEFL_LOG", "WARNING").upper(),
         format="edgefl %(levelname)s %(name)s: %(message)s",
@@ -219,9 +232,42 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
-    except EdgeflError as e:
-        print(f"edgefl: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        try:
+            status = int(args.func(args) or 0)
+        except EdgeflError as e:
+            print(f"edgefl: error: {e}", file=sys.stderr, flush=True)
+            return 2
+        sys.stdout.flush()  # a closed pipe raises here, not in the interpreter's exit
+        return status
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        if not _output_gone():
+            raise  # some other pipe of the program broke: a bug, keep the traceback
+        _silence_output()
+        return 141
+
+
+def _output_gone() -> bool:
+    """Whether stdout or stderr is a pipe whose reader has closed it."""
+    try:
+        import select
+
+        poller = select.poll()
+        for stream in (sys.stdout, sys.stderr):
+            poller.register(stream.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll(), or no real file descriptor
+        return True
+
+
+def _silence_output() -> None:
+    """Point stdout and stderr at the null device, so that flushing what Python still holds
+    for them at exit cannot raise BrokenPipeError again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+            pass
+    os.close(devnull)

@@ -1,16 +1,34 @@
-"""Finding ``mpiexec`` and the flags each MPI needs (used by ``edgefl simulate`` and benches)."""
+"""Finding ``mpiexec`` and the flags each MPI needs, and running it so that no rank outlives
+a stopped or killed ``edgefl simulate`` (used by ``edgefl simulate`` and benches).
+
+Exit statuses of a job (docs/fault-tolerance.md, "Stopping a run: exit statuses"): 0
+completed, 2 user error, 3 stopped early (rank failure with ``fleet.on_failure = "stop"``,
+diverged, nothing can progress), 130 interrupted (``edgefl simulate`` got SIGINT, SIGTERM
+or SIGHUP and stopped every rank), 128 + N killed by signal N (mpiexec or the ranks were
+killed from outside, or ``edgefl simulate`` itself was SIGKILLed: 137).
+"""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import EdgeflError
+
+COMPLETED, USER_ERROR, STOPPED, INTERRUPTED = 0, 2, 3, 130
+KILLED = 128  # + the signal number
+# set in every rank's environment: "<pid of the launching process>:<launch id>"
+LAUNCHER_ENV = "EDGEFL_LAUNCHER"
+GRACE_S = 3.0  # after SIGTERM, seconds mpiexec and the ranks get before SIGKILL
 
 
 @dataclass(frozen=True)
@@ -50,7 +68,9 @@ class Launcher:
         elif ulfm and self.flavor in ("mpich", "intel"):
             # no ULFM: keep the survivors alive (edgefl.rankwrap) and detect by time-outs
             flags.append("-disable-auto-cleanup")
-            argv = [sys.executable, "-m", "edgefl.rankwrap", *argv]
+            from .api import rank_python  # (python -P: the cwd cannot shadow edgefl)
+
+            argv = [*rank_python(), "-m", "edgefl.rankwrap", *argv]
         return [self.path, *flags, "-n", str(ranks), *argv]
 
     def failure_detection(self) -> str:
@@ -100,10 +120,208 @@ def describe(path: str) -> Launcher:
 
 
 def child_env(tty: bool) -> dict[str, str]:
-    """Environment for launched ranks: unbuffered output, terminal hint for rank 0."""
+    """Environment for launched ranks: unbuffered output, terminal hint for rank 0, and this
+    process as their launcher (``EDGEFL_LAUNCHER``: a rank that finds it gone exits)."""
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     env["EDGEFL_TTY"] = "1" if tty else "0"
+    env[LAUNCHER_ENV] = f"{os.getpid()}:{uuid.uuid4().hex[:12]}"
     # torch and BLAS: one thread per rank unless the user says otherwise
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+# -- exit statuses ------------------------------------------------------------------------
+def signal_name(signum: int) -> str:
+    """``SIGTERM`` for 15, ``signal 64`` for a number without a name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def status_text(status: int) -> str:
+    """What an exit status of a job means, in a few words."""
+    if status == COMPLETED:
+        return "completed"
+    if status == USER_ERROR:
+        return "user error (see the error above)"
+    if status == STOPPED:
+        return "stopped early (a rank failure, divergence or no progress; see summary.json)"
+    if status == INTERRUPTED:
+        return "interrupted"
+    if KILLED < status < KILLED + 65:
+        return f"killed by signal {status - KILLED} ({signal_name(status - KILLED)})"
+    return f"failed with status {status}"
+
+
+def write_status(path: Path, status: int) -> None:
+    """Write ``status`` into the run directory's ``exit_status`` atomically."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(f"{status}\n")
+    os.replace(tmp, path)
+
+
+def read_status(path: Path) -> int | None:
+    """The status in ``exit_status``, or None (missing, empty, unreadable)."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+# -- running mpiexec ----------------------------------------------------------------------
+class Supervisor:
+    """Runs mpiexec in a session of its own, so only this process decides how it stops.
+
+    SIGINT, SIGTERM or SIGHUP of this process (handled when it runs Python's main thread)
+    records ``exit_status`` 130, sends mpiexec SIGTERM (Open MPI then ends every rank) and,
+    if mpiexec is still there ``GRACE_S`` later or a second signal comes, SIGKILL. When
+    mpiexec is gone, ranks still running (found by ``EDGEFL_LAUNCHER`` in their environment,
+    Linux) get ``GRACE_S`` to exit, then SIGKILL. If this process is SIGKILLed itself, the
+    ranks notice within a second (:class:`edgefl.rankwrap.RankGuard`) and exit.
+
+    Args:
+        env: the ranks' environment (:func:`child_env`).
+        status_file: the run directory's ``exit_status``.
+    """
+
+    SIGNALS = tuple(
+        getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)
+    )
+
+    def __init__(self, env: dict[str, str], status_file: Path) -> None:
+        self.env = env
+        self.status_file = status_file
+        self.proc: subprocess.Popen | None = None
+        self.signum = 0  # the first stop signal received
+        self.kill_at: float | None = None
+        self._old: dict[int, object] = {}
+
+    def start(self, cmd: list[str], **popen: object) -> subprocess.Popen:
+        """Start ``cmd`` (stdin from /dev/null, its own session); handlers installed."""
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                try:
+                    self._old[s] = signal.signal(s, self._on_signal)
+                except (ValueError, OSError):  # not the main interpreter
+                    pass
+        try:
+            self.proc = subprocess.Popen(
+                cmd, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True, **popen
+            )
+        except BaseException:
+            self.restore()
+            raise
+        if self.signum:  # a signal came while it started
+            self._terminate()
+        return self.proc
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self.signum:  # a second signal: no more grace
+            self._kill()
+            return
+        self.signum = signum
+        try:
+            write_status(self.status_file, INTERRUPTED)  # before the ranks go (they keep it)
+        except OSError:
+            pass  # (conclude writes it again)
+        self._terminate()
+
+    def _terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.kill_at = time.monotonic() + GRACE_S
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+
+    def wait(self) -> int:
+        """Wait for mpiexec (killing it ``GRACE_S`` after a stop signal), then for the
+        ranks; mpiexec's return code (negative: killed by that signal)."""
+        assert self.proc is not None
+        try:
+            while True:
+                try:
+                    code = self.proc.wait(timeout=0.1)
+                    break
+                except subprocess.TimeoutExpired:
+                    if self.kill_at is not None and time.monotonic() >= self.kill_at:
+                        self._kill()
+        except BaseException:  # (not the main thread: KeyboardInterrupt elsewhere)
+            self._kill()
+            self.proc.wait()
+            raise
+        finally:
+            self.restore()
+        if self.signum or code != 0:
+            end_leftovers(self.env.get(LAUNCHER_ENV, ""))
+        return code
+
+    def restore(self) -> None:
+        """Put the previous signal handlers back."""
+        for s, old in self._old.items():
+            signal.signal(s, old)  # type: ignore[arg-type]
+        self._old = {}
+
+    def conclude(self, code: int) -> tuple[int, str]:
+        """The job's exit status and the line saying what happened ("" when rank 0 already
+        said it): written to ``exit_status`` unless it is rank 0's verdict.
+
+        Order: a stop signal received here (130); mpiexec killed by signal N (128 + N);
+        rank 0's verdict; mpiexec's own exit status (rank 0 never wrote one)."""
+        verdict = read_status(self.status_file)
+        if self.signum:
+            status = INTERRUPTED
+            line = f"interrupted by {signal_name(self.signum)}: the ranks were stopped"
+        elif code < 0:
+            status = KILLED - code
+            line = f"mpiexec was {status_text(status)}: the ranks were stopped"
+        elif verdict is not None:
+            status, line = verdict, ""
+            if status > STOPPED:
+                line = f"the ranks were {status_text(status)}"
+        else:  # (0 and 2: nothing to add; a user error was printed by the ranks)
+            status, line = code, ""
+            if code not in (COMPLETED, USER_ERROR):
+                line = f"the job ended without rank 0's verdict: mpiexec exit status {code}"
+        if status != verdict and self.status_file.parent.is_dir():
+            write_status(self.status_file, status)
+        return status, line + f" (exit status {status})" if line else ""
+
+
+def end_leftovers(launch: str, grace_s: float = GRACE_S) -> list[int]:
+    """Wait up to ``grace_s`` for the processes started with ``EDGEFL_LAUNCHER=launch`` in
+    their environment to exit, then SIGKILL those left; returns the pids killed. Linux
+    only (reads /proc); elsewhere nothing to do."""
+    if not launch or not os.path.isdir("/proc"):
+        return []
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = launched_by(launch)
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return left
+
+
+def launched_by(launch: str) -> list[int]:
+    """Pids of this user's live processes whose environment holds ``EDGEFL_LAUNCHER=launch``."""
+    key = f"{LAUNCHER_ENV}={launch}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if key in f.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:  # gone, or another user's
+            continue
+    return found

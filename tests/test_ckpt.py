@@ -1,8 +1,12 @@
-"""Atomic HDF5 checkpoints: round trip, corruption detection, atomic replacement."""
+"""Atomic HDF5 checkpoints: round trip, the commit trailer (SHA-256 before HDF5 parses),
+corruption detection, the resume schema, atomic replacement, the latest good file."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
+import struct
 from pathlib import Path
 
 import h5py
@@ -20,11 +24,70 @@ from edgefl.ckpt import (
     is_complete,
     latest_checkpoint,
     load_checkpoint,
+    resume_checkpoint,
     save_checkpoint,
 )
 from edgefl.errors import CheckpointError
 
 MARK = np.arange(1000, 3000, dtype=np.int64)  # distinctive bytes to find in the file
+# the commit trailer as docs/architecture.md describes it (written out here, not imported,
+# so the documented format is what is checked)
+TRAILER = struct.Struct("<8sIIQ32s8s")
+
+
+def unseal(path: Path) -> int:
+    """Cut the trailer off ``path`` (a sealed checkpoint); returns its content kind."""
+    raw = path.read_bytes()
+    magic, version, content, length, _, end = TRAILER.unpack(raw[-TRAILER.size :])
+    assert (magic, version, end, length) == (b"EDGEFLCK", 1, b"CKPTDONE", len(raw) - 64)
+    path.write_bytes(raw[:length])
+    return content
+
+
+def reseal(path: Path, content: int = 1) -> None:
+    """Append a valid trailer to the HDF5 file ``path`` (content 1: a run's checkpoint)."""
+    raw = path.read_bytes()
+    head = TRAILER.pack(b"EDGEFLCK", 1, content, len(raw), b"", b"")[:24]
+    digest = hashlib.sha256(raw + head).digest()
+    path.write_bytes(raw + TRAILER.pack(b"EDGEFLCK", 1, content, len(raw), digest, b"CKPTDONE"))
+
+
+def edit_h5(path: Path, edit) -> None:
+    """Change a sealed checkpoint with h5py and seal it again (only the checks below the
+    trailer can then catch the change)."""
+    content = unseal(path)
+    with h5py.File(path, "r+") as f:
+        edit(f)
+    reseal(path, content)
+
+
+def run_state() -> dict:
+    """The smallest state of the shape a run's checkpoint has (edgefl.ckpt.schema)."""
+    return {
+        "round": 3,
+        "config_toml": "seed = 0\n[run]\nrounds = 5\n",
+        "seed": 0,
+        "wall_time_s": 1.5,
+        "model": {
+            "flat": np.arange(6, dtype=np.float32),
+            "names": ["w", "b"],
+            "shapes": [[2, 2], [2]],
+            "signature": "abc",
+        },
+        "devices": {"0": {"rank": 1, "rounds": 3, "time_s": 0.5}},
+        "metrics_jsonl": ['{"round": 1}', '{"round": 2}'],
+        "clock": {
+            "mode": "wall",
+            "time_s": 2.0,
+            "policy": "{}",
+            "tasks": '{"0": 3}',
+            "staleness": '{"0": 3}',
+            "lost_tasks": 0,
+        },  # fmt: skip
+        "server_optimizer": {"step": np.int64(3)},
+        "aggregation": {"state": {}},
+        "plugins": {"a/b": {"state": {"n": 1}, "devices": {"0": {"x": 1}}}},
+    }
 
 
 def sample_state() -> dict:
@@ -88,10 +151,27 @@ def test_round_trip_bit_exact(tmp_path):
     save_checkpoint(path, state)
     assert_same(state, load_checkpoint(path))
     assert [p.name for p in tmp_path.iterdir()] == ["c.h5"]
-    with h5py.File(path, "r") as f:
+    with h5py.File(path, "r") as f:  # h5py opens the sealed file as is (ignores the trailer)
         assert bool(f.attrs["complete"]) and int(f.attrs["format_version"]) == FORMAT_VERSION
         ds = f["model/params"]
         assert ds.compression is None and ds.chunks is None  # contiguous, uncompressed
+
+
+def test_trailer_layout(tmp_path):
+    p = tmp_path / "c.h5"
+    save_checkpoint(p, {"a": np.arange(10)})
+    raw = p.read_bytes()
+    magic, version, content, length, digest, end = TRAILER.unpack(raw[-64:])
+    assert (magic, version, content, end) == (b"EDGEFLCK", 1, 0, b"CKPTDONE")  # 0: a state
+    assert length == len(raw) - 64 and raw[:8] == b"\x89HDF\r\n\x1a\n"
+    assert digest == hashlib.sha256(raw[:length] + raw[-64:-40]).digest()
+    save_checkpoint(p, run_state())
+    assert TRAILER.unpack(p.read_bytes()[-64:])[2] == 1  # 1: a run's checkpoint
+    unseal(p)  # the bare HDF5 file, as an edgefl before the trailer wrote it
+    with pytest.raises(CheckpointError, match="c.h5': .*not written by this edgefl"):
+        load_checkpoint(p)
+    reseal(p)
+    assert load_checkpoint(p)["round"] == 3  # the helpers above follow the format
 
 
 def test_unsupported_values(tmp_path):
@@ -128,7 +208,7 @@ def test_truncated(tmp_path):
     assert not is_complete(p)
 
 
-def test_flipped_byte_names_dataset(tmp_path):
+def test_flipped_byte_fails_the_digest(tmp_path):
     p = tmp_path / "c.h5"
     save_checkpoint(p, sample_state())
     raw = bytearray(p.read_bytes())
@@ -136,6 +216,10 @@ def test_flipped_byte_names_dataset(tmp_path):
     assert at > 0
     raw[at + 777] ^= 0x40
     p.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"c.h5': corrupt \(SHA-256 of its \d+ bytes"):
+        load_checkpoint(p)
+    assert not is_complete(p)
+    reseal(p, content=0)  # sealed again over the damage: the dataset's crc32 still catches it
     with pytest.raises(CheckpointError, match=r"dataset '/arrays/mark' is corrupt \(crc32"):
         load_checkpoint(p)
 
@@ -143,15 +227,91 @@ def test_flipped_byte_names_dataset(tmp_path):
 def test_missing_marker_and_wrong_version(tmp_path):
     p = tmp_path / "c.h5"
     save_checkpoint(p, {"a": 1})
-    with h5py.File(p, "r+") as f:
-        del f.attrs["complete"]
+    edit_h5(p, lambda f: f.attrs.__delitem__("complete"))
     with pytest.raises(CheckpointError, match="incomplete"):
         load_checkpoint(p)
     save_checkpoint(p, {"a": 1})
-    with h5py.File(p, "r+") as f:
-        f.attrs["format_version"] = 99
+    edit_h5(p, lambda f: f.attrs.__setitem__("format_version", 99))
     with pytest.raises(CheckpointError, match="format_version 99 is not supported"):
         load_checkpoint(p)
+    save_checkpoint(p, {"a": 1})
+    with h5py.File(p, "r+") as f:  # changed in place without sealing it again
+        f.attrs["note"] = "x" * 100
+    with pytest.raises(CheckpointError, match="c.h5': (corrupt|truncated or corrupt)"):
+        load_checkpoint(p)
+
+
+def test_run_state_round_trip_and_describe(tmp_path):
+    p = tmp_path / checkpoint_name(3)
+    save_checkpoint(p, run_state())
+    assert_same(run_state(), load_checkpoint(p))
+    text = describe_checkpoint(p)
+    assert "sha256 and crc32 verified" in text and "a run's checkpoint" in text
+    assert resume_checkpoint(p)[0] == p
+
+
+def _drop(state: dict, path: str) -> dict:
+    *parents, last = path.split("/")
+    node = state
+    for k in parents:
+        node = node[k]
+    del node[last]
+    return state
+
+
+def _put(state: dict, path: str, value) -> dict:
+    *parents, last = path.split("/")
+    node = state
+    for k in parents:
+        node = node[k]
+    node[last] = value
+    return state
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s: _drop(s, "wall_time_s"), "'/wall_time_s' is missing"),
+        (lambda s: _drop(s, "model/flat"), "'/model/flat' is missing"),
+        (lambda s: _drop(s, "clock/policy"), "'/clock/policy' is missing"),
+        (lambda s: _drop(s, "plugins"), "'/plugins' is missing"),
+        (lambda s: _put(s, "round", "3"), "'/round' is a str, expected an int"),
+        (lambda s: _put(s, "round", True), "'/round' is a bool, expected an int"),
+        (lambda s: _put(s, "round", -1), "'/round' is -1, expected a round >= 0"),
+        (lambda s: _put(s, "config_toml", "seed = = 1"), "'/config_toml' is not valid TOML"),
+        (lambda s: _put(s, "model/flat", np.zeros(6)), "'/model/flat' is a float64[6] array"),
+        (lambda s: _put(s, "model/flat", np.zeros(5, np.float32)), "'/model/flat' holds 5"),
+        (lambda s: _put(s, "metrics_jsonl", ["{}", "[1"]), "'/metrics_jsonl' line 2 is not"),
+        (lambda s: _put(s, "clock/tasks", '{"x": 1}'), "'/clock/tasks' has key 'x'"),
+        (lambda s: _put(s, "clock/staleness", "[]"), "holds a JSON array, expected a JSON obj"),
+        (lambda s: _put(s, "devices/x", {"rank": 1}), "'/devices/x' is not named by a device"),
+        (lambda s: _put(s, "devices/0/rounds", "3"), "'/devices/0/rounds' is a str, expected a n"),
+        (lambda s: _put(s, "server_optimizer", 1), "'/server_optimizer' is an int, expected a g"),
+        (  # a plugin named "a/b": its devices not keyed by device ids
+            lambda s: (_put(s["plugins"]["a/b"], "devices", {"d": {}}), s)[1],
+            "'/plugins/a/b/devices/d' is not named by a device id",
+        ),
+        (lambda s: _put(s, "flight", {"pending": "{}"}), "'/flight/pending' lacks one of"),
+    ],
+)
+def test_resume_schema_names_the_entry(tmp_path, change, message):
+    p = tmp_path / "c.h5"
+    save_checkpoint(p, change(run_state()))
+    for read in (load_checkpoint, describe_checkpoint, resume_checkpoint):
+        with pytest.raises(CheckpointError) as e:
+            read(p)
+        text = str(e.value)
+        assert text.startswith(f"checkpoint '{p}': entry ") and message in text, text
+        assert "\n" not in text
+
+
+def test_resume_refuses_a_plain_state(tmp_path):
+    p = tmp_path / "c.h5"
+    save_checkpoint(p, {"round": 3, "w": np.zeros(3)})  # no config_toml: not a run's
+    assert load_checkpoint(p)["round"] == 3
+    assert "a plain state, not a run's checkpoint" in describe_checkpoint(p)
+    with pytest.raises(CheckpointError, match="c.h5': not a run's checkpoint"):
+        resume_checkpoint(p)
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("disk on fire"), KeyboardInterrupt()])
@@ -198,7 +358,7 @@ def test_checkpoint_name():
         checkpoint_name(-1)
 
 
-def test_latest_checkpoint_skips_incomplete(tmp_path):
+def test_latest_checkpoint_skips_bad_files(tmp_path, caplog):
     assert latest_checkpoint(tmp_path) is None
     assert latest_checkpoint(tmp_path / "missing") is None
     for r in (1, 5, 10):
@@ -212,14 +372,42 @@ def test_latest_checkpoint_skips_incomplete(tmp_path):
         fh.truncate(full.stat().st_size // 2)
     (tmp_path / ".ckpt-000030.h5.tmp-123").write_bytes(b"partial")
     (tmp_path / "ckpt-40.h5").write_bytes(b"")  # wrong name pattern
-    assert latest_checkpoint(tmp_path) == tmp_path / checkpoint_name(5)
+    with caplog.at_level(logging.WARNING, logger="edgefl.ckpt"):
+        assert latest_checkpoint(tmp_path) == tmp_path / checkpoint_name(5)
+    skipped = [r.getMessage() for r in caplog.records]
+    assert len(skipped) == 3, skipped  # rounds 20, 15 and 10, each named with the reason
+    for r, why in ((20, "not an HDF5 file"), (15, "truncated or corrupt"), (10, "truncated")):
+        assert any(f"'{tmp_path / checkpoint_name(r)}': {why}" in m for m in skipped), skipped
+
+
+def test_resume_from_a_directory(tmp_path, caplog):
+    run = tmp_path / "run"
+    ck = run / "checkpoints"
+    ck.mkdir(parents=True)
+    for r in (2, 4):
+        save_checkpoint(ck / checkpoint_name(r), {**run_state(), "round": r})
+    save_checkpoint(ck / checkpoint_name(5), {"round": 5})  # not a run's
+    save_checkpoint(ck / checkpoint_name(6), _drop(run_state(), "clock/tasks"))  # schema
+    with caplog.at_level(logging.WARNING, logger="edgefl.ckpt"):
+        for where in (run, ck):
+            path, state = resume_checkpoint(where)
+            assert path == ck / checkpoint_name(4) and state["round"] == 4
+    text = caplog.text
+    assert "ckpt-000006.h5': entry '/clock/tasks' is missing" in text
+    assert "ckpt-000005.h5': not a run's checkpoint" in text
+    with pytest.raises(CheckpointError, match="'/clock/tasks' is missing"):
+        resume_checkpoint(ck / checkpoint_name(6))  # naming the bad file: no fallback
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match="empty': no good checkpoint to resume from"):
+        resume_checkpoint(empty)
 
 
 def test_describe(tmp_path):
     p = tmp_path / checkpoint_name(12)
     save_checkpoint(p, sample_state())
     text = describe_checkpoint(p)
-    assert "format_version 1" in text and "round: 12" in text
+    assert "format_version 1" in text and "round: 12" in text and "sha256 and crc32" in text
     assert "model layout at /model: 2 tensors, 16 parameters" in text
     assert "params: float32[1234]" in text and "device/2/" in text
     many = {"devices": {f"device/{i}": {"x": i} for i in range(100)}, "s": "y" * 500}

@@ -10,10 +10,8 @@ uninterrupted run's. The same is checked over real mpiexec in tests/test_resume_
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ from golden.configs import (  # noqa: E402
     effective_config,
     job,
     load_models,
-    sha256_of,
+    run_loopback_dir,
 )
 
 MODELS = load_models()
@@ -33,42 +31,6 @@ LOOPBACK = sorted(n for n, e in MODELS.items() if e.get("backend", "loopback") !
 # summary.json fields a resume must reproduce (timing fields excluded)
 SAME = ("rounds_done", "dp_epsilon", "lost_tasks", "staleness_hist", "consistency",
         "failed_devices", "stopped")  # fmt: skip
-
-
-def _run(sets: list[str], run_dir: Path, resume: Path | None = None) -> dict:
-    from conftest import run_loopback_job
-
-    from edgefl.ckpt import load_checkpoint
-    from edgefl.runtime.coordinator import Coordinator
-    from edgefl.runtime.state import build_task
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg, ranks = effective_config(sets)
-    task0 = build_task(cfg)  # before the worker threads (see golden/configs.run_loopback)
-    state = load_checkpoint(resume) if resume is not None else None
-
-    def coordinator(cfg_, t, task, out_dir=None):
-        return Coordinator(cfg_, t, task0, out_dir=run_dir, resume=state)
-
-    out: dict = {}
-
-    def go() -> None:
-        try:
-            out["r"] = run_loopback_job(cfg, ranks, coordinator_cls=coordinator)
-        except BaseException as e:  # noqa: BLE001
-            out["e"] = e
-
-    th = threading.Thread(target=go, daemon=True)
-    th.start()
-    th.join(240)
-    assert not th.is_alive(), "loopback job hung"
-    if "e" in out:
-        raise out["e"]
-    coord, statuses = out["r"]
-    assert statuses == [0] * ranks, statuses
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["model_sha256"] == sha256_of(coord.global_model)
-    return summary
 
 
 @pytest.mark.parametrize("name", LOOPBACK)
@@ -79,13 +41,14 @@ def test_stop_and_resume_ends_with_the_golden_model(name):
     k = max(1, rounds // 2)
     with tempfile.TemporaryDirectory(prefix="edgefl-resume-") as tmp:
         # the uninterrupted run: the golden test's, when it ran in this session
-        whole = SUMMARIES.get(tuple(entry["set"])) or _run(entry["set"], Path(tmp) / "whole")
+        whole = SUMMARIES.get(tuple(entry["set"]))
+        whole = whole or run_loopback_dir(entry["set"], Path(tmp) / "whole")
         first = Path(tmp) / "part"
-        part = _run(job(entry["set"], f"debug.stop_after_round={k}"), first)
+        part = run_loopback_dir(job(entry["set"], f"debug.stop_after_round={k}"), first)
         assert part["rounds_done"] == k
         ckpt = first / "checkpoints" / f"ckpt-{k:06d}.h5"
         assert ckpt.is_file()
-        resumed = _run(entry["set"], Path(tmp) / "resumed", resume=ckpt)
+        resumed = run_loopback_dir(entry["set"], Path(tmp) / "resumed", resume=ckpt)
     assert whole["model_sha256"] == entry["model_sha256"], f"{name}: the uninterrupted run"
     assert resumed["model_sha256"] == entry["model_sha256"], (
         f"{name}: stopped at round {k} of {rounds} and resumed, the final model differs"

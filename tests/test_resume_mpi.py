@@ -22,7 +22,6 @@ from golden.configs import effective_config, job, load_models, simulate_argv  # 
 MODELS = load_models()
 SAMPLE = (
     "hermes_gddr",  # ASP, gated devices, allocation, residual buffers (per-device state)
-    "cdgrab_step",  # the orderer's state and streamed rows
     "ps_servers_3_replicas_2",  # a sharded server group with replicas
     "scaffold_small",  # server and client control variates
 )

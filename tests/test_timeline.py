@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 from edgefl.sim.clock import plan_task
 from edgefl.sim.profiles import Availability, Failure, Profile
 from edgefl.sim.timeline import STATES, Timeline, read_csv
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (golden.configs)
 
 
 def _rows(tl: Timeline, d: int) -> list[tuple[str, float, float]]:
@@ -213,3 +216,119 @@ def test_csv_round_trip(tmp_path: Path):
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
     devices = [r[0] for r in tl.rows]
     assert devices == sorted(devices)
+
+
+# -- across resumes and on the wall clock ---------------------------------------------------
+def test_state_dict_round_trip_keeps_or_cuts_the_tasks_in_flight():
+    tl = Timeline()
+    tl.add(0, "download", 0.5, 1.0)
+    tl.add(0, "compute", 1.0, 4.0)  # in flight at the checkpoint (t = 2)
+    tl.add(3, "upload", 0.25, 1.5)
+    st = tl.state_dict()
+    assert st["busy"].shape == (3, 4) and st["origin"] == 0.0
+    kept = Timeline()
+    kept.load_state_dict(st, 2.0, keep_future=True)
+    assert dict(kept.busy) == dict(tl.busy)
+    cut = Timeline()
+    cut.load_state_dict(st, 2.0, keep_future=False)
+    assert cut.busy[0] == [("download", 0.5, 1.0), ("compute", 1.0, 2.0)]
+    empty = Timeline().state_dict()
+    assert empty["busy"].shape == (0, 4)
+
+
+def test_a_checkpoint_without_a_timeline_starts_it_at_the_checkpoint():
+    tl = Timeline()
+    tl.load_state_dict(None, 5.0, keep_future=True)  # (a checkpoint of an older edgefl)
+    tl.add(0, "compute", 6.0, 8.0)
+    tl.finish([0], 10.0)
+    assert _rows(tl, 0) == [("waiting", 5.0, 6.0), ("compute", 6.0, 8.0), ("waiting", 8.0, 10.0)]
+    assert tl.idle[0] == pytest.approx(0.6)  # not 8 / 10: the first 5 s are not waiting
+
+
+def test_a_bad_timeline_in_a_checkpoint_is_one_error():
+    import numpy as np
+
+    from edgefl.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="timeline/busy"):
+        Timeline().load_state_dict({"busy": np.zeros((2, 3))}, 1.0, keep_future=True)
+    with pytest.raises(CheckpointError, match="bad row"):
+        Timeline().load_state_dict({"busy": np.array([[0, 9, 0, 1.0]])}, 1.0, keep_future=True)
+
+
+def _loopback(sets: list[str], run_dir: Path, resume: Path | None = None):
+    """Run a golden configuration in one process, writing ``run_dir``; the coordinator and
+    summary.json."""
+    import json
+
+    from conftest import run_loopback_job
+    from golden.configs import effective_config
+
+    from edgefl.ckpt import load_checkpoint
+    from edgefl.runtime.coordinator import Coordinator
+    from edgefl.runtime.state import build_task
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg, ranks = effective_config(sets)
+    task0 = build_task(cfg)
+    state = load_checkpoint(resume) if resume is not None else None
+
+    def coordinator(cfg_, t, task, out_dir=None):
+        return Coordinator(cfg_, t, task0, out_dir=run_dir, resume=state)
+
+    coord, statuses = run_loopback_job(cfg, ranks, coordinator_cls=coordinator)
+    assert statuses == [0] * ranks, statuses
+    return coord, json.loads((run_dir / "summary.json").read_text())
+
+
+# BSP on devices going on and off line, ASP (tasks in flight at every checkpoint), Hermes
+# (gated pushes: planned uploads)
+RESUMED = [
+    ("bsp_churn", ["algorithm.consistency=bsp", "run.rounds=6"], "churn_asp"),
+    ("asp", [], "asp"),
+    ("hermes", [], "hermes"),
+]
+
+
+@pytest.mark.parametrize("label, extra, base", RESUMED, ids=[r[0] for r in RESUMED])
+def test_resumed_run_has_the_uninterrupted_timeline(tmp_path: Path, label, extra, base):
+    from golden.configs import CONFIGS, effective_config, job
+
+    sets = job(CONFIGS[base], *extra)
+    k = max(1, effective_config(sets)[0]["run"]["rounds"] // 2)
+    _, whole = _loopback(sets, tmp_path / "whole")
+    _, part = _loopback(job(sets, f"debug.stop_after_round={k}"), tmp_path / "part")
+    ckpt = tmp_path / "part" / "checkpoints" / f"ckpt-{k:06d}.h5"
+    _, resumed = _loopback(sets, tmp_path / "resumed", resume=ckpt)
+    assert resumed["model_sha256"] == whole["model_sha256"]
+    a = (tmp_path / "whole" / "timeline.csv").read_text()
+    b = (tmp_path / "resumed" / "timeline.csv").read_text()
+    assert read_csv(tmp_path / "resumed" / "timeline.csv")[0][2] == 0.0  # from second 0
+    assert b == a, f"{label}: timeline.csv after the resume differs"
+    assert resumed["idle_fraction"] == whole["idle_fraction"]
+    for d, dev in whole["devices"].items():
+        assert resumed["devices"][d]["idle_fraction"] == dev["idle_fraction"], d
+    if label == "bsp_churn":  # (idle time and offline rows exist, so the check can fail)
+        assert 0.0 < whole["idle_fraction"] < 1.0 and ",offline," in a
+
+
+def test_wall_clock_idle_fraction_comes_from_the_measured_compute(tmp_path: Path):
+    from golden.configs import SMALL, job
+
+    sets = job(SMALL, "sim.clock=wall", "run.rounds=4")
+    coord, summary = _loopback(sets, tmp_path / "run")
+    rows = read_csv(tmp_path / "run" / "timeline.csv")
+    states = {s for _, s, _, _ in rows}
+    assert states == {"compute", "waiting"}
+    compute = sum(b - a for _, s, a, b in rows if s == "compute")
+    measured = sum(dev["time_s"] for dev in summary["devices"].values())  # sum of aux[2]
+    assert compute == pytest.approx(measured, rel=1e-6) and compute > 0
+    end = summary["time_s"]
+    n = len(summary["devices"])
+    assert sum(b - a for _, _, a, b in rows) == pytest.approx(n * end)  # rows tile the run
+    idle = summary["idle_fraction"]
+    assert 0.0 < idle < 1.0
+    assert idle == pytest.approx(1.0 - measured / (n * end), rel=1e-6)
+    for dev in summary["devices"].values():
+        assert dev["idle_fraction"] == pytest.approx(1.0 - dev["time_s"] / end, rel=1e-6)
+    assert coord.timeline.idle_fraction() == idle

@@ -36,6 +36,9 @@ Coordinator hooks, in the order the core calls them during a run:
 ``on_model_step(apply)``   after the step, before the version counts (same version)
 ``after_apply(apply, t)``  the version counted (``core.version`` is the new one)
 ``on_device_dead(d, t)``   device ``d`` is dead (crash or its rank failed)
+``on_device_moved(d, r,    device ``d``'s rank died and rank ``r`` hosts it from now on
+t, state)``                (``fleet.rehost``); ``state`` ({plugin: per-device state from
+                           the latest checkpoint}) is what ``r`` restores: edit it in place
 ``flush_devices()``        end of training: devices whose worker half holds mass to flush
 ``on_flushed(d, arrival)`` one device's final flush arrived
 ``summary()``              summary.json keys to add, by convention ``{name: {...}}`` (a key
@@ -173,6 +176,8 @@ class CoordinatorPlugin:
     def after_apply(self, ap: Apply, now: float) -> None: ...
 
     def on_device_dead(self, d: int, now: float) -> None: ...
+
+    def on_device_moved(self, d: int, rank: int, now: float, state: dict) -> None: ...
 
     def flush_devices(self) -> list[int]:
         return []

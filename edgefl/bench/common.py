@@ -53,7 +53,9 @@ def run_simulate(out: Path, sets: list[str], timeout: float = 3600) -> None:
     """Run ``edgefl simulate --out OUT --set ...`` (real mpiexec) and fail loudly."""
     import subprocess
 
-    cmd = [sys.executable, "-m", "edgefl", "simulate", "--out", str(out)]
+    from ..api import rank_python  # (python -P: the cwd cannot shadow edgefl)
+
+    cmd = [*rank_python(), "-m", "edgefl", "simulate", "--out", str(out)]
     for s in sets:
         cmd += ["--set", s]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
-from pathlib import Path
 
 from edgefl.ckpt.plan import Node, decode_leaf, short_value, unescape_key
-from edgefl.ckpt.store import open_checkpoint, read_nodes
+from edgefl.ckpt.store import FORMAT_VERSION, read_checkpoint
 
 MAX_CHILDREN = 8  # entries listed per nested group before eliding the middle
 MAX_TOP = 40  # entries listed at the top level before eliding
@@ -66,27 +65,27 @@ def _layouts(nodes: list[Node]) -> list[str]:
 
 
 def describe_checkpoint(path: str | os.PathLike) -> str:
-    """Multi-line summary: header (format version, write time, sizes, counts), recognised
-    sections (``round``, model layouts) and the key tree with dtypes, shapes and scalar values
-    (long groups and strings are elided). Raises CheckpointError for unreadable files.
+    """Multi-line summary: header (format version, write time, sizes, counts, what was
+    verified), recognised sections (``round``, model layouts) and the key tree with dtypes,
+    shapes and scalar values (long groups and strings are elided).
+
+    Everything is verified first, as ``load_checkpoint`` does (commit trailer SHA-256,
+    commit marker, format_version, crc32 of every dataset, the resume schema of a run's
+    checkpoint): a bad file raises CheckpointError (one line) and nothing is described.
     """
-    p = Path(path)
-    with open_checkpoint(p) as f:
-        version = int(f.attrs["format_version"])
-        created = f.attrs.get("created_unix_s")
-        nodes = read_nodes(f, str(p))
+    ck = read_checkpoint(path)
+    nodes = ck.nodes
     leaves = [n for n in nodes if n.kind != "group"]
     arrays = [n for n in leaves if n.kind == "ndarray"]
-    lines = [f"checkpoint {p}"]
-    when = (
-        dt.datetime.fromtimestamp(float(created), dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        if created is not None
-        else "unknown time"
-    )
+    lines = [f"checkpoint {ck.path}"]
     lines.append(
-        f"  format_version {version}, complete, written {when}, "
-        f"file {_size(p.stat().st_size)}, crc32 verified"
+        f"  format_version {FORMAT_VERSION}, complete, written {_when(ck.created_unix_s)}, "
+        f"file {_size(ck.size)}, sha256 and crc32 verified"
     )
+    if ck.content == "run":
+        lines.append("  a run's checkpoint: every entry a resume reads is present and well-typed")
+    else:
+        lines.append("  a plain state, not a run's checkpoint (--resume refuses it)")
     lines.append(
         f"  {len(nodes) - len(leaves)} groups, {len(arrays)} arrays "
         f"({_size(sum(n.data.nbytes for n in arrays))}), {len(leaves) - len(arrays)} other leaves"
@@ -99,6 +98,14 @@ def describe_checkpoint(path: str | os.PathLike) -> str:
     lines.append("tree:")
     lines += _tree(nodes)
     return "\n".join(lines)
+
+
+def _when(created: float | None) -> str:
+    try:
+        stamp = dt.datetime.fromtimestamp(float(created), dt.timezone.utc)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "unknown time"
+    return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _tree(nodes: list[Node]) -> list[str]:

@@ -109,6 +109,9 @@ class Transport(ABC):
         self._new_failures: list[int] = []
         self.liveness: Liveness | None = None
         self._next_liveness_check = 0.0
+        # called with a rank just before the liveness detector declares it failed (rank 0
+        # tells a frozen rank it was given up on, so it leaves quietly if it ever wakes)
+        self.on_suspect: Callable[[int], None] | None = None
 
     # -- failures ----------------------------------------------------------------------
     def take_failures(self) -> list[int]:
@@ -166,6 +169,8 @@ class Transport(ABC):
             return
         self._next_liveness_check = now + lv.timeout_s / 8
         for r in lv.overdue(now):
+            if self.on_suspect is not None and r not in self._dead:
+                self.on_suspect(r)
             self._mark_failed([r], f"silent for more than {lv.timeout_s:g} s")
 
     def next_seq(self, dest: int, device: int, kind: Kind) -> int:

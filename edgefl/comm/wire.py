@@ -54,6 +54,8 @@ class Kind(enum.IntEnum):
     STATE = 23  # both (uint8, runtime.devstate encoding): rank 0 -> worker: {"ask": ...} =
     #   send your devices' plugin state (a checkpoint is being written) or {"load": ...} =
     #   the saved state (resume); worker -> rank 0: its devices' state; device = -1
+    HOST = 28  # down (uint8, runtime.devstate encoding): host `device` from now on (its rank
+    #   died): {"state": {plugin: its state from rank 0's latest checkpoint}}
 
 
 class DType(enum.IntEnum):
@@ -106,6 +108,7 @@ SPECS: dict[Kind, KindSpec] = {
     Kind.HEARTBEAT: KindSpec("both", frozenset({DType.NONE}), "none"),
     Kind.REPORT: KindSpec("up", frozenset({DType.NONE}), "none"),
     Kind.STATE: KindSpec("both", frozenset({DType.UINT8}), "any"),
+    Kind.HOST: KindSpec("down", frozenset({DType.UINT8}), "any"),
 }
 
 

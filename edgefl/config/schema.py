@@ -58,6 +58,16 @@ SCHEMA: dict[str, Any] = {
             "Run directory (config, metrics.jsonl, checkpoints, final model); "
             "empty = runs/<time>-<name>.",
         ),
+        "preflight": field(
+            "auto",
+            "str",
+            "Data checks of edgefl simulate before launch (labels, shapes, NaN/inf, empty "
+            "devices, memory estimate): full = every device and the test set, sample = 16 "
+            "devices (the first 8, the last, the rest evenly spaced) and the test set, auto "
+            "= full when the sample projects under 3 seconds for all, else sample; off = "
+            "none of these.",
+            choices=("auto", "full", "sample", "off"),
+        ),
     },
     "fleet": {
         "devices": field(8, "int", "Number of logical edge devices (clients).", min=1),
@@ -79,6 +89,21 @@ SCHEMA: dict[str, Any] = {
             "When a worker rank dies: continue without its devices, or stop (checkpoint, "
             "exit status 3).",
             choices=("continue", "stop"),
+        ),
+        "rehost": field(
+            "auto",
+            "str",
+            "When a worker rank dies, move its devices to surviving ranks (data rebuilt, "
+            "per-device state from the latest checkpoint, lost tasks re-run): on, off, or "
+            "auto (on under the virtual clock of edgefl simulate, off under edgefl run).",
+            choices=("auto", "on", "off"),
+        ),
+        "quarantine_after": field(
+            3,
+            "int",
+            "Non-finite (NaN/inf) updates or losses in a row after which a device gets no more "
+            "tasks (each one is excluded from aggregation; 0 = keep dispatching).",
+            min=0,
         ),
         "threads": field(
             1, "int", "Torch intra-op threads per rank (1 suits many ranks per box).", min=1
@@ -360,7 +385,14 @@ SCHEMA: dict[str, Any] = {
             0.0,
             "float",
             "Declare a worker rank dead when it owes an update and was silent this long "
-            "(seconds; for MPIs without ULFM; 0 = off, rely on ULFM).",
+            "(seconds; also finds frozen ranks under ULFM; 0 = off, rely on ULFM).",
+            min=0.0,
+        ),
+        "straggler_warn_s": field(
+            60.0,
+            "float",
+            "Warn (naming the rank and device) when a rank owes an answer and was silent "
+            "this long (seconds of real time; 0 = off).",
             min=0.0,
         ),
         "register_timeout_s": field(

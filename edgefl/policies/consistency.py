@@ -46,6 +46,15 @@ from ..errors import ConfigError
 from ..seeding import derive_seed
 
 SAMPLE_STREAM = 2  # the derive_seed purpose used for participant sampling (seeding.SAMPLE)
+POISSON_DRAW = 0x905  # after SAMPLE_STREAM in the key of a Poisson draw (dp.sampling)
+
+DP_SAMPLINGS = ("fixed", "poisson")  # dp.sampling
+
+
+def sample_size(devices: int, participation: float, min_devices: int = 1) -> int:
+    """Devices a BSP round draws (and FedBuff / FedAsync keep busy): ``round(q N)`` with
+    halves rounded up, at least ``min_devices``, at most N (``devices``)."""
+    return min(devices, max(min_devices, math.floor(participation * devices + 0.5)))
 
 
 @dataclass
@@ -173,8 +182,7 @@ class Consistency(ABC):
 
     # -- helpers ----------------------------------------------------------------------
     def concurrency(self) -> int:
-        n = len(self.devices)
-        return min(n, max(self.min_devices, math.floor(self.participation * n + 0.5)))
+        return sample_size(len(self.devices), self.participation, self.min_devices)
 
     def _pick(self, candidates: list[int], k: int) -> list[int]:
         """``k`` of ``candidates`` (sorted), deterministic in the seed and the draw count."""
@@ -227,13 +235,29 @@ class BSP(Consistency):
     Args:
         deadline_s: seconds after a round's start at which it closes without the devices
             still training (0 = wait for all). Default 0.
+        dp_sampling: None (default, no DP): a round draws ``concurrency()`` of the idle
+            available devices. With client-level DP, the draw the accountant assumes
+            (``dp.sampling``, docs/robustness.md): ``"fixed"``, ``concurrency()`` of *all*
+            the devices without replacement (the same draw as without DP while every device
+            is idle and available); ``"poisson"``, every device independently with
+            probability ``participation``. A drawn device that is busy, offline or dead sits
+            the round out. A round that ends without any update (none of the draw could
+            train, or all were lost) is still applied, with no arrivals (the DP aggregator
+            releases its noise alone), so that every draw is one accounted step.
         (others: see :class:`Consistency`)
     """
 
     name = "bsp"
 
-    def __init__(self, samples, seed=0, participation=1.0, min_devices=1, deadline_s=0.0):
+    def __init__(self, samples, seed=0, participation=1.0, min_devices=1, deadline_s=0.0,
+                 dp_sampling=None):  # fmt: skip
         super().__init__(samples, seed, participation, min_devices)
+        if dp_sampling not in (None, *DP_SAMPLINGS):
+            raise ConfigError(
+                f"config key 'dp.sampling' = {dp_sampling!r}: expected one of "
+                f"{', '.join(DP_SAMPLINGS)}"
+            )
+        self.dp_sampling = dp_sampling
         self.deadline_s = deadline_s
         self.round = 0
         self.pending: set[int] = set()
@@ -245,18 +269,38 @@ class BSP(Consistency):
 
     def _new_round(self, now: float, available: Available) -> Decision:
         idle = [d for d in self.devices if d not in self.busy and available(d)]
-        k = self.concurrency()
         if len(idle) < min(self.min_devices, len(self.devices)):
             self.open = False  # wait for devices to come back (online / idle events)
             return Decision()
-        chosen = self._pick(idle, k)
+        chosen = self._draw(idle)
         self.round += 1
         self.pending = set(chosen)
         self.buffer = []
         self.busy.update(chosen)
         self.open = True
         timer = (now + self.deadline_s, self.round) if self.deadline_s > 0 else None
+        if not chosen:  # (DP draws only) nobody of the draw can train: close it at once
+            timer = (now, self.round)
         return Decision(dispatch=chosen, timer=timer)
+
+    def _draw(self, idle: list[int]) -> list[int]:
+        """The devices of a new round among ``idle`` (see ``dp_sampling``)."""
+        if self.dp_sampling is None:
+            return self._pick(idle, self.concurrency())
+        if self.dp_sampling == "fixed":
+            drawn = self._pick(self.devices, self.concurrency())
+        else:
+            drawn = self._poisson()
+        free = set(idle)
+        return [d for d in drawn if d in free]
+
+    def _poisson(self) -> list[int]:
+        """Every device independently with probability ``participation`` (sorted),
+        deterministic in the seed and the draw count."""
+        self.draws += 1
+        key = derive_seed(self.seed, -1, self.draws, SAMPLE_STREAM, POISSON_DRAW)
+        keep = np.random.default_rng(key).random(len(self.devices)) < self.participation
+        return [d for d, k in zip(self.devices, keep.tolist()) if k]
 
     def arrived(self, a: Arrival, version: int, now: float, available: Available) -> Decision:
         self.busy.discard(a.device)
@@ -277,7 +321,9 @@ class BSP(Consistency):
         return self._maybe_restart(now, available)
 
     def timer(self, token: int, now: float, available: Available) -> Decision:
-        if token != self.round or not self.open or not self.pending:
+        if token != self.round or not self.open:
+            return Decision()
+        if not self.pending and self.dp_sampling is None:
             return Decision()
         dropped = sorted(self.pending)
         self.pending = set()
@@ -298,7 +344,7 @@ class BSP(Consistency):
         self.buffer = []
         self.open = False
         nxt = self._new_round(now, available)
-        if got:
+        if got or self.dp_sampling is not None:  # (with DP, every draw is a step)
             nxt.apply = Apply("aggregate", got)
         return nxt
 
@@ -548,6 +594,17 @@ def make_consistency(cfg: dict, samples: dict[int, int]) -> Consistency:
     """Build the policy named by ``algorithm.consistency`` from the effective config."""
     alg, srv = cfg["algorithm"], cfg["server"]
     name = alg["consistency"]
+    dp = cfg.get("dp", {})
+    sampling = dp.get("sampling", "fixed")
+    if sampling not in DP_SAMPLINGS:
+        raise ConfigError(
+            f"config key 'dp.sampling' = {sampling!r}: expected one of {', '.join(DP_SAMPLINGS)}"
+        )
+    if sampling == "poisson" and not dp.get("enabled", False):
+        raise ConfigError(
+            "config key 'dp.sampling' = 'poisson': Poisson participation is the sampling of "
+            "client-level DP; it needs dp.enabled = true"
+        )
     common = dict(
         samples=samples,
         seed=cfg["seed"],
@@ -556,7 +613,8 @@ def make_consistency(cfg: dict, samples: dict[int, int]) -> Consistency:
     )
     equal = alg["aggregation"] == "mean"
     if name == "bsp":
-        return BSP(**common, deadline_s=srv["deadline_s"])
+        dp_sampling = sampling if dp.get("enabled", False) else None
+        return BSP(**common, deadline_s=srv["deadline_s"], dp_sampling=dp_sampling)
     if name == "ssp":
         return SSP(**common, staleness=alg["staleness"], equal_weights=equal)
     if name == "asp":
@@ -587,4 +645,5 @@ __all__ = [
     "POLICIES",
     "SSP",
     "make_consistency",
+    "sample_size",
 ]

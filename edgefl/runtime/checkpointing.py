@@ -1,10 +1,10 @@
 """What rank 0 puts into a checkpoint and takes back out on resume.
 
 A checkpoint holds the core's state (model, counters, metrics, the consistency policy, the
-aggregator and the server optimizer), every coordinator plugin's ``state_dict()`` under
-``plugins/<name>``, and every worker half's per-device state under
-``plugins/<name>/devices/<id>`` (collected from the worker ranks with a STATE exchange,
-:mod:`edgefl.runtime.devstate`). Writing is atomic (:func:`edgefl.ckpt.save_checkpoint`).
+aggregator, the server optimizer, the timeline's busy intervals), every coordinator
+plugin's ``state_dict()`` under ``plugins/<name>``, and every worker half's per-device
+state under ``plugins/<name>/devices/<id>`` (collected from the worker ranks with a STATE
+exchange, :mod:`edgefl.runtime.devstate`). Writing is atomic (:func:`edgefl.ckpt.save_checkpoint`).
 """
 
 from __future__ import annotations
@@ -37,11 +37,14 @@ def save(core: Any, round_: int, rows: list[dict], wall: float, now: float) -> P
         "tasks": json.dumps({str(d): n for d, n in core.tasks.items()}),
         "staleness": json.dumps({str(k): v for k, v in core.staleness.items()}),
         "lost_tasks": int(core.lost_tasks),
+        "quarantine": json.dumps({str(d): q for d, q in core.quarantine.items()}),
     }
     state["server_optimizer"] = core.server_opt.state_dict()
     state["aggregation"] = {"state": _aggregator_state(core.aggregator)}
+    state["timeline"] = core.timeline.state_dict()  # (timeline.csv covers the whole run)
     plugins: dict[str, dict] = {p.name: {"state": p.state_dict()} for p in core.plugins}
-    for name, devs in devstate.collect(core).items():
+    core.device_states = devstate.collect(core)  # (kept: re-hosting restores from it)
+    for name, devs in core.device_states.items():
         plugins.setdefault(name, {"state": {}})["devices"] = devs
     state["plugins"] = plugins
     flight = _flight(core)
@@ -80,12 +83,15 @@ def restore(core: Any, st: dict) -> None:
                 core.devices[int(d)][k] = v.get(k, 0)
     c = st["clock"]
     core.start_time = float(c.get("time_s", 0.0))
+    # the busy intervals so far; with tasks in flight (taken at an apply) they go on as planned
+    core.timeline.load_state_dict(st.get("timeline"), core.start_time, "flight" in st)
     core.policy.load_state_dict(json.loads(c["policy"]))
     for d, n in json.loads(c["tasks"]).items():
         if int(d) in core.tasks:
             core.tasks[int(d)] = int(n)
     core.staleness = {int(k): int(v) for k, v in json.loads(c["staleness"]).items()}
     core.lost_tasks = int(c.get("lost_tasks", 0))
+    core.quarantine = {int(d): q for d, q in json.loads(c.get("quarantine", "{}")).items()}
     core.server_opt.load_state_dict(st["server_optimizer"])
     agg = st.get("aggregation", {}).get("state")
     if agg and hasattr(core.aggregator, "load_state_dict"):
@@ -104,7 +110,8 @@ def restore(core: Any, st: dict) -> None:
                 "config)"
             )
         p.load_state_dict(saved[p.name].get("state", {}))
-    devstate.restore(core, {n: v.get("devices", {}) for n, v in saved.items()})
+    core.device_states = {n: v["devices"] for n, v in saved.items() if v.get("devices")}
+    devstate.restore(core, core.device_states)
     core.flight_state = st.get("flight")  # (put back when the event loop starts)
     if core.flight_state is None:  # not taken at an apply: the tasks out then restart
         core.policy.forget_tasks()

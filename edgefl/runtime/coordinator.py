@@ -24,7 +24,7 @@ from ..errors import EdgeflError
 from ..policies.consistency import Apply, Arrival, Decision, make_consistency
 from ..server import make_server
 from ..sim.timeline import Timeline
-from . import checkpointing, failures, flush, planning, registration, summary
+from . import checkpointing, failures, flush, planning, registration, rehost, summary
 from .events import (
     ARRIVE,
     FAILED,
@@ -42,6 +42,7 @@ from .policies import make_update_aggregator
 from .protocol import CONTINUE, REFRESH, pack_flags
 from .state import Task
 from .trackers import make_trackers
+from .watch import RankWatch
 
 log = logging.getLogger("edgefl.coordinator")
 
@@ -150,6 +151,11 @@ class Coordinator:
         base = CoordinatorPlugin.on_device_dead
         self._dead_hooks = [p for p in self.plugins if type(p).on_device_dead is not base]
         self._owners = {k: p for p in self.plugins for k in (*p.update_kinds, *p.message_kinds)}
+        self.rehost = rehost.enabled(cfg) and rehost.supported(self)  # fleet.rehost
+        self.quarantine: dict[int, dict] = {}  # devices with non-finite updates
+        self.rehosted: list[dict] = []  # devices moved off dead ranks (summary.json)
+        self.reruns = 0  # tasks in flight re-sent to a device's new rank
+        self.device_states: dict = {}  # latest checkpoint's per-device plugin state
 
     def _calibrate(self) -> float:
         return planning.calibrate(self)
@@ -162,6 +168,8 @@ class Coordinator:
     def available(self, d: int) -> bool:
         """May device ``d`` start a task now (alive, idle, online)?"""
         if d in self.inflight or d in self.failed:
+            return False
+        if self.quarantine and self.quarantine.get(d, {}).get("excluded_at") is not None:
             return False
         if not self.virtual:
             return True
@@ -272,17 +280,18 @@ class Coordinator:
         rank = self.devices[d]["rank"]
         self.t.send(rank, Kind.TRAIN, device=d, round=task, vtime=now, aux=aux)
         self.sent[d] = (task, aux)
-        if self.t.liveness is not None:
-            self.owed[rank] = self.owed.get(rank, 0) + 1
-            self.t.liveness.expect(rank, time.monotonic() + self.cfg["comm"]["failure_timeout_s"])
+        self.owed[rank] = self.owed.get(rank, 0) + 1
+        self.watch.owes(rank, time.monotonic())
+        if self.t.liveness is not None:  # (silent for failure_timeout_s from now: dead)
+            self.t.liveness.expect(rank, time.monotonic())
 
     def _received(self, msg: Message) -> None:
-        """An answer to a TRAIN came in (time-out detection: the rank owes one less)."""
-        if self.t.liveness is None:
-            return
+        """An answer to a TRAIN came in: the rank owes one less (time-out detection,
+        straggler warnings)."""
         left = self.owed.get(msg.src, 0) - 1
         self.owed[msg.src] = max(left, 0)
-        if left <= 0:
+        self.watch.answered(msg.src, time.monotonic(), done=left <= 0)
+        if left <= 0 and self.t.liveness is not None:
             self.t.liveness.satisfied(msg.src)
 
     def _plan(self, d: int, task: int, now: float, spec: TaskSpec, download: bool) -> bool:
@@ -403,10 +412,12 @@ class Coordinator:
         msg = ev.msg
         task, base, t0 = self.task_done(ev.device)
         bad = ""
+        if not math.isfinite(msg.aux[1]):
+            return failures.quarantine(self, ev.device, task, f"loss {msg.aux[1]}", msg)
         if not all(math.isfinite(x) for x in msg.aux) or msg.aux[0] < 0 or msg.aux[2] < 0:
             bad = f"update from device {msg.device} with bad header values {msg.aux}"
         elif not self.server.remote_updates and not np.isfinite(msg.payload).all():
-            bad = f"non-finite update from device {msg.device}"
+            return failures.quarantine(self, ev.device, task, "values in its update", msg)
         delta = msg.payload
         if not bad:
             delta, bad, msg = self.decode(ev.device, task, msg)
@@ -415,10 +426,14 @@ class Coordinator:
             self.t.reject(msg.src, bad)
             self.t.release(msg)
             return None
+        q = self.quarantine.get(ev.device)
+        if q is not None:
+            q["streak"] = 0
         dev = self.devices[ev.device]
         self.book_up(ev.device, self.server.update_bytes(msg))
         dev["rounds"] += 1
         seconds = ev.time - t0 if self.virtual else float(msg.aux[2])
+        planning.observed(self, ev.device, t0, ev.time, seconds)  # (wall clock: timeline)
         dev["time_s"] += seconds
         a = Arrival(ev.device, task, base, int(msg.aux[0]), float(msg.aux[1]), delta, ev.time)
         a.seconds = seconds
@@ -451,7 +466,10 @@ class Coordinator:
         start = self.start_time
         self.ev = VirtualEvents(self.t, start) if self.virtual else WallEvents(self.t, start)
         self.owed: dict[int, int] = {}
+        self.watch = RankWatch(self, cfg["comm"])
         self.ev.received_hook = self._received
+        self.ev.tick_hook = self.watch.tick
+        self.t.on_suspect = self.watch.give_up
         self.ev.handlers = {k: p.on_message for p in self.plugins for k in p.message_kinds}
         self.ev.update_kinds = {Kind.UPDATE, Kind.REPORT, *self._update_kinds()}
         self.server.start()
@@ -485,7 +503,9 @@ class Coordinator:
         while self.version < rounds and not self.stopped:
             ev = self.ev.next()
             if ev is None:
-                self.stopped = "no device can make progress (all offline, dead or idle)"
+                self.stopped = (
+                    "no device can make progress (all offline, dead, quarantined or idle)"
+                )
                 self.exit_status = 3
                 break
             now = ev.time
@@ -506,6 +526,9 @@ class Coordinator:
         """The policy's decision on one event (None: nothing to decide yet)."""
         if ev.kind == ARRIVE and ev.msg.kind == Kind.REPORT and not self.server.remote_updates:
             self._iteration(ev)
+            if not self.virtual:  # (wall clock: the iteration's compute on the timeline)
+                t0 = self.inflight[ev.device][2]
+                planning.observed(self, ev.device, t0, ev.time, float(ev.msg.aux[2]))
             self.log_event("iteration", now, ev.device, ev.task)
             self._continue(ev.device, now)
             return None

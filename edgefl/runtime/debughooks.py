@@ -1,6 +1,7 @@
 """Test hooks of a worker rank (config ``[debug]``): faults a test injects on purpose.
 
-``debug.kill_ranks`` / ``kill_after_tasks`` (the rank SIGKILLs itself), ``debug.delay_s``
+``debug.kill_ranks`` / ``kill_after_tasks`` (the rank SIGKILLs itself; in-process, its
+thread dies and the loopback fabric reports it dead), ``debug.delay_s``
 (random sleeps), ``debug.byzantine`` (scaled or sign-flipped updates), ``debug.inject``
 (malformed messages sent once, on rank 1; again every ``inject_every`` tasks) and its
 ``duplicate`` (a re-delivered sequence number with garbage). Off by default.
@@ -18,6 +19,11 @@ from typing import Any
 import numpy as np
 
 from ..comm import Kind
+
+
+class RankKilled(BaseException):
+    """``debug.kill_ranks`` under the in-process backend: the rank's thread ends here (a
+    BaseException, so no ``except Exception`` on the way reports it as an error)."""
 
 
 class WorkerDebug:
@@ -40,6 +46,10 @@ class WorkerDebug:
             if self.w.out_dir:
                 stamp = Path(self.w.out_dir) / f"kill-rank{rank}.time"
                 stamp.write_text(repr(time.time()))
+            fabric = getattr(self.w.t, "fabric", None)
+            if fabric is not None:  # the in-process backend: this rank's thread dies
+                fabric.kill(rank)
+                raise RankKilled(rank)
             os.kill(os.getpid(), signal.SIGKILL)
         every = dbg["inject_every"]
         if every and rank == 1 and self.tasks_started % every == 0:

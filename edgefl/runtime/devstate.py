@@ -91,10 +91,18 @@ def collect(core: Any) -> dict[str, dict[str, dict]]:
         if not waiting:
             break
         if time.monotonic() > deadline:
-            raise EdgeflError(
-                f"ranks {sorted(waiting)} sent no device state for the checkpoint within "
-                f"{limit:.0f} s"
-            )
+            if not core.cfg["comm"]["failure_timeout_s"]:
+                raise EdgeflError(
+                    f"ranks {sorted(waiting)} sent no device state for the checkpoint within "
+                    f"{limit:.0f} s"
+                )
+            # time-outs are on: a rank that cannot answer this is given up on like one that
+            # owes an update (its devices move); the checkpoint keeps their earlier state
+            for r in sorted(waiting):
+                core.watch.give_up(r)
+                t.declare_failed(r, f"no device state within {limit:g} s")
+            _keep_earlier(core, out, waiting)
+            break
         for msg in t.poll(timeout=0.5):
             if msg.kind != Kind.STATE:
                 core.ev.keep(msg)
@@ -113,6 +121,15 @@ def collect(core: Any) -> dict[str, dict[str, dict]]:
             t.release(msg)
         core.ev.failures += t.take_failures()
     return out
+
+
+def _keep_earlier(core: Any, out: dict, ranks: set[int]) -> None:
+    """Fill in the devices of ``ranks`` (given up on) from the previous checkpoint's state."""
+    devs = {str(d) for d, v in core.devices.items() if v["rank"] in ranks}
+    for name, per in (getattr(core, "device_states", None) or {}).items():
+        for d, st in per.items():
+            if d in devs:
+                out.setdefault(name, {})[d] = st
 
 
 def restore(core: Any, saved: dict[str, dict[str, dict]]) -> None:

@@ -65,6 +65,7 @@ class _Source:
         self.failures: list[int] = []  # ranks found dead, not yet handed out as events
         self.cancelled: set[tuple[int, int]] = set()  # tasks of dead ranks
         self.received_hook = None  # called with every task answer as it is received
+        self.tick_hook = None  # called after every poll (rank 0's liveness duties)
         # kind -> handler of a plugin's own upward messages (called as they are received)
         self.handlers: dict[int, object] = {}
         self.update_kinds: set[int] = {Kind.UPDATE, Kind.REPORT}  # task answers (stashed)
@@ -85,6 +86,8 @@ class _Source:
         self.failures += self.t.take_failures()
         for msg in msgs:
             self.keep(msg)
+        if self.tick_hook is not None:
+            self.tick_hook()
 
     def keep(self, msg: Message) -> None:
         """Route one received message (see :meth:`take`)."""

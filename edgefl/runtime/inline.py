@@ -37,11 +37,13 @@ JOIN_TIMEOUT_S = 120.0  # how long rank 0 waits for the other ranks to return af
 
 
 def check_inline(cfg: dict) -> None:
-    """Refuse what cannot run inside the calling process (ConfigError naming the key)."""
-    if cfg["debug"]["kill_ranks"]:
+    """Refuse what cannot run inside the calling process (ConfigError naming the key): a
+    killed worker rank's thread ends, but a server shard kills its process."""
+    shards = [r for r in cfg["debug"]["kill_ranks"] if 1 <= r <= cfg["ps"]["servers"]]
+    if shards:
         raise ConfigError(
-            f"config key 'debug.kill_ranks' = {cfg['debug']['kill_ranks']}: a rank kills its "
-            'process, which inline is the caller\'s; use backend="mpi"'
+            f"config key 'debug.kill_ranks' = {cfg['debug']['kill_ranks']}: server shard ranks "
+            f'{shards} kill their process, which inline is the caller\'s; use backend="mpi"'
         )
 
 
@@ -116,6 +118,7 @@ def _run(cfg: dict, run_dir: Path, ranks: int) -> tuple[int, str]:
 def _side(cfg: dict, t: Transport, task: Task, run_dir: Path, statuses: list) -> None:
     """Rank ``t.rank`` >= 1: a server shard or a worker, until rank 0's STOP. An error is
     reported to rank 0 (ERROR), which then stops everybody, as under MPI."""
+    from .debughooks import RankKilled
     from .worker import Worker, error_payload, error_text
 
     side = None
@@ -128,6 +131,8 @@ def _side(cfg: dict, t: Transport, task: Task, run_dir: Path, statuses: list) ->
             side = Worker(cfg, t, task, t.rank, out_dir=str(run_dir))
         side.register()
         statuses[t.rank] = side.run()
+    except RankKilled:  # (debug.kill_ranks: the fabric already reports it dead)
+        statuses[t.rank] = 128 + 9
     except Exception as e:  # noqa: BLE001 - reported to rank 0, which stops the job
         t.send(
             0, Kind.ERROR, payload=error_payload(error_text(getattr(side, "doing", "set-up"), e))

@@ -2,7 +2,8 @@
 
 Failure handling keeps every rank from hanging: rank 0 sends STOP (with an exit status) to
 all workers whenever it stops, also after an error; a worker that fails sends ERROR to
-rank 0, which then stops everybody.
+rank 0, which then stops everybody. Every rank also runs a :class:`edgefl.rankwrap.RankGuard`:
+a stop signal, or the loss of ``mpiexec`` or ``edgefl simulate``, ends it within a second.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import time
 
 import torch
 
-from ..ckpt import load_checkpoint
+from ..ckpt import resume_checkpoint
 from ..comm import Kind, Validator, mpi_transport
 from ..config import with_values
 from ..errors import ConfigError, EdgeflError
+from ..launcher import write_status
+from ..rankwrap import RankGuard
 from .placement import is_shard
 from .policies import check_policies, check_shards
 from .rundir import prepare_run_dir, resolve_run_dir
@@ -42,7 +45,8 @@ def _transport(cfg: dict, rank: int):
 
 
 def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_rank: int) -> int:
-    """Run this rank's part of the job and return its exit status (0 ok, 2 user error).
+    """Run this rank's part of the job and return its exit status (0 ok, 2 user error, 3
+    stopped early); a stop signal or a lost launcher ends the process instead (RankGuard).
 
     Args:
         cfg: the effective config (identical on every rank).
@@ -57,16 +61,18 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
     torch.set_num_threads(cfg["fleet"]["threads"])
     if cfg["sim"]["clock"] == "auto":  # (`edgefl simulate` resolves it to "virtual")
         cfg = with_values(cfg, {"sim.clock": "wall"})
-    t = _transport(cfg, _rank())
+    guard = RankGuard(_rank()).start()
+    t = _transport(cfg, guard.rank)
     status = 2
     out_dir = None
     try:
         if t.rank == 0:
             try:
-                state = load_checkpoint(resume) if resume else None
+                state = resume_checkpoint(resume)[1] if resume else None  # (a run's)
                 out_dir = prepare_run_dir(
                     resolve_run_dir(cfg, out, resume, stem), cfg, resuming=state is not None
                 )
+                guard.use_status_file(out_dir / "exit_status")
                 check_policies(cfg)
                 check_shards(cfg, t.size)
                 task = build_task(cfg, "cpu")
@@ -82,8 +88,12 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                 status = 2
             finally:
                 _stop_all(t, status)
+                if t.failed:  # (declared dead by a time-out: MPI_Finalize would wait for it)
+                    from ..comm.mpi import note_failure
+
+                    note_failure()
                 if out_dir is not None:  # what `edgefl simulate` reports, whatever the MPI
-                    (out_dir / "exit_status").write_text(f"{status}\n")
+                    write_status(out_dir / "exit_status", status)
         else:
             worker = None
             try:

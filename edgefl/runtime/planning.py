@@ -1,5 +1,7 @@
 """Planning tasks on the virtual clock: when a task's model arrives, its computation ends,
-its upload arrives (or the device goes offline or dies first). Called by the coordinator."""
+its upload arrives (or the device goes offline or dies first); on the wall clock, booking
+the compute time each update measured. Called by the coordinator; the intervals go into
+its :class:`edgefl.sim.timeline.Timeline`."""
 
 from __future__ import annotations
 
@@ -34,6 +36,18 @@ def plan(core: Any, d: int, task: int, now: float, spec: TaskSpec, download: boo
         return False
     core.ev.schedule(plan.arrive, ARRIVE, d, task)
     return True
+
+
+def observed(core: Any, d: int, dispatched: float, arrived: float, seconds: float) -> None:
+    """Wall clock: device ``d``'s update, dispatched at ``dispatched`` and taken in at
+    ``arrived`` (seconds since the start of the run), measured ``seconds`` of compute (the
+    worker's ``aux[2]``). Books the compute interval ending at the arrival (never before
+    the dispatch); the rest of the task's time (transfers, its turn on a rank shared with
+    other devices) stays *waiting*. No-op on the virtual clock (planned by :func:`plan`)."""
+    if core.virtual:
+        return
+    start = max(dispatched, arrived - max(seconds, 0.0))
+    core.timeline.add(d, "compute", start, arrived)
 
 
 def plan_push(core: Any, d: int, task: int, now: float, msg: Message) -> None:

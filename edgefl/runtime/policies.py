@@ -51,6 +51,12 @@ CORE_NEEDS: tuple[Requirement, ...] = (
         "bounds)",
     ),
     Requirement(
+        "dp.enabled", one_of(True), "robust.norm_bound_relative", one_of(0.0),
+        "a bound relative to the round's median norm makes one device's acceptance depend "
+        "on the others' updates, which breaks the per-device sensitivity the DP accountant "
+        "assumes (use robust.norm_bound, an absolute bound, or dp.clip alone)",
+    ),
+    Requirement(
         "dp.enabled", one_of(True), "algorithm.consistency", one_of("bsp"),
         f"DP-FedAvg clips and noises each round's aggregate; {_ALONE}, so no update would "
         "be clipped or noised",

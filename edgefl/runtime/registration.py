@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 from typing import Any
 
@@ -39,9 +40,26 @@ def register(core: Any) -> None:
             if not core.server.register(msg.src, info):
                 register_worker(core, msg.src, info)
             waiting.discard(msg.src)
+    _write_ranks(core)
     core._setup()
     for p in core.plugins:
         p.on_registered()
+
+
+def _write_ranks(core: Any) -> None:
+    """``ranks.json`` in the run directory: every rank's host, pid and devices (what a user
+    or a test needs to signal one rank from outside)."""
+    if core.out_dir is None:
+        return
+    import os
+
+    doc = {"0": {"host": socket.gethostname(), "pid": os.getpid(), "devices": []}}
+    for r, info in sorted(core.rank_info.items()):
+        doc[str(r)] = {"host": info.get("host"), "pid": info.get("pid"),
+                       "devices": [d["id"] for d in info.get("devices", [])]}  # fmt: skip
+    tmp = core.out_dir / ".ranks.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, core.out_dir / "ranks.json")
 
 
 def register_worker(core: Any, rank: int, info: dict) -> None:

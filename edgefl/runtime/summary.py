@@ -35,7 +35,7 @@ def round_row(core: Any, arr: list, now: float) -> dict:
     row: dict = {"round": r, "time_s": now, "participants": len(arr), "updates": len(arr)}
     n = sum(a.samples for a in arr)
     row["train_loss"] = float(sum(a.loss * a.samples for a in arr) / max(n, 1))
-    row["staleness"] = float(np.mean([r - 1 - a.base_version for a in arr]))
+    row["staleness"] = float(np.mean([r - 1 - a.base_version for a in arr])) if arr else 0.0
     every_s = cfg["run"]["eval_every_s"]
     bucket = int(now // every_s) if every_s > 0 else 0
     if (
@@ -72,6 +72,8 @@ def finish(core: Any, rows: list[dict], rounds_done: int, wall: float, end: floa
         "dp_epsilon": agg.epsilon() if hasattr(agg, "epsilon") else None,
         **summary_defaults(),
     }
+    if hasattr(agg, "summary"):  # (DP: the accounted event, adjacency and library)
+        info.update(agg.summary())
     defaults = set(summary_defaults())
     for src in (*core.plugins, core.server):
         for key, value in (src.summary() or {}).items():
@@ -84,6 +86,9 @@ def finish(core: Any, rows: list[dict], rounds_done: int, wall: float, end: floa
         "lost_tasks": core.lost_tasks,
         "failed_devices": {str(d): t for d, t in sorted(core.failed.items())},
         "failed_ranks": {str(r): t for r, t in sorted(core.failed_ranks.items())},
+        "rehosted": core.rehosted,  # devices moved off dead ranks (fleet.rehost)
+        "reruns": core.reruns,
+        "quarantined": {str(d): q for d, q in sorted(core.quarantine.items())},
         "recovery_s": core.recovery_s,
         "progress_after_failure_unix": core.progress_after_failure_unix,
         "staleness_hist": {str(k): v for k, v in sorted(core.staleness.items())},

@@ -35,6 +35,7 @@ from .debughooks import WorkerDebug
 from .placement import devices_of_rank, torch_device_for
 from .protocol import CONTINUE, FLUSH, REFRESH, unpack_flags
 from .state import Task
+from .watch import DECLARED_DEAD, LIVENESS
 
 log = logging.getLogger("edgefl.worker")
 
@@ -70,6 +71,7 @@ class Worker:
         self.task = task
         self.data: FederatedDataset = task.data
         self.rank = transport.rank
+        self.local_rank = local_rank
         self.out_dir = out_dir
         self.client = make_client(self)  # server ranks' side (None: rank 0 serves)
         servers = self.client.servers if self.client is not None else 0
@@ -100,6 +102,7 @@ class Worker:
         if self.client is not None:
             self._handlers.update({k: self.client.on_message for k in self.client.message_kinds})
         self._handlers[Kind.STATE] = lambda msg: devstate.answer(self, msg)
+        self._handlers[Kind.HOST] = self.host
         # each device's state when its latest task started (a checkpoint taken while the
         # task is in flight holds this "before" state): device -> (task, encoded state)
         self.snapshots: dict[int, tuple[int, np.ndarray]] = {}
@@ -152,6 +155,29 @@ class Worker:
         payload = np.frombuffer(json.dumps(info).encode("utf-8"), np.uint8)
         self.t.send(0, Kind.REGISTER, payload=payload)
 
+    def host(self, msg) -> None:
+        """HOST from rank 0: a dead rank's device is this rank's from now on (its data is
+        built here on first use; its plugins' state from rank 0's latest checkpoint)."""
+        d = msg.device
+        try:
+            body = devstate.decode(msg.payload)
+        except ValueError as e:
+            raise EdgeflError(f"rank {self.rank}: HOST of device {d}: {e}") from None
+        self.t.release(msg)
+        if d in self.devices:
+            return
+        self.devices.append(d)
+        f = self.cfg["fleet"]
+        cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        self.torch_dev[d] = torch_device_for(d, f["device"], f["device_map"], self.local_rank,
+                                             cuda)  # fmt: skip
+        self.model_on(self.torch_dev[d])
+        halves = {p.name: p for p in self.plugins}
+        for name, st in (body.get("state") or {}).items():
+            if name in halves:
+                halves[name].load_device_state(d, st)
+        log.info("rank %d: now hosts device %d", self.rank, d)
+
     def warm_up(self) -> None:
         """One untimed SGD step per torch device, so torch's one-off first-step set-up
         (about a second here) is not charged to the first round's device times. The model
@@ -180,12 +206,17 @@ class Worker:
         heard = time.monotonic()
         while True:
             ready = self.queue and self._ready(self.queue[0])
-            msgs = self.t.poll(timeout=0.0 if ready else (0.5 if self.queue else 5.0))
+            wait = 0.0 if ready else (0.5 if self.queue else 5.0)
+            before = time.monotonic()
+            msgs = self.t.poll(timeout=wait)
             now = time.monotonic()
-            if msgs:
-                heard = now
+            if msgs or now - before > wait + limit / 2:  # (a poll this long: this rank
+                heard = now  # was stopped, SIGSTOP: rank 0 was not the silent one)
             elif limit and not self.queue and now - heard > limit:
                 self.t.declare_failed(0, f"silent for {limit:.0f} s (comm.failure_timeout_s x 2)")
+            farewell = [m for m in msgs if m.kind == Kind.STOP and m.aux[2] == DECLARED_DEAD]
+            if farewell:
+                return self._declared_dead()
             if 0 in self.t.take_failures() or 0 in self.t.failed:
                 print(
                     f"edgefl: rank {self.rank}: the coordinator (rank 0) is gone; this worker "
@@ -194,6 +225,8 @@ class Worker:
                 )  # fmt: skip
                 return 3
             for msg in msgs:
+                if msg.kind == Kind.HEARTBEAT and msg.aux[0] == LIVENESS:
+                    continue  # rank 0 is alive (it waits for a slow rank)
                 if msg.kind == Kind.STOP:
                     self.peer_failures = bool(msg.aux[1]) or bool(self.t.failed)
                     self.t.send(0, Kind.HEARTBEAT)  # acknowledges the STOP
@@ -204,6 +237,16 @@ class Worker:
                 device, task, version, spec = self.queue.popleft()
                 self.train(device, task, version, spec)
                 self._forget_versions()
+
+    def _declared_dead(self) -> int:
+        """Rank 0 gave up on this rank (it was silent too long): leave quietly, status 0
+        (the job goes on, or went on, without it)."""
+        print(f"edgefl: rank {self.rank}: rank 0 declared this rank dead after "
+              f"{self.cfg['comm']['failure_timeout_s']:g} s without an answer "
+              "(comm.failure_timeout_s; frozen or overloaded?); its devices went to other "
+              "ranks; this rank stops", file=sys.stderr, flush=True)  # fmt: skip
+        self.peer_failures = True
+        return 0
 
     def _on_message(self, msg) -> None:
         if msg.kind == Kind.MODEL:

@@ -5,6 +5,12 @@ of the run :meth:`Timeline.finish` fills in the rest of every device's time: *of
 *dead* from its profile (virtual clock), and *waiting* (online, alive, not busy: time spent
 waiting on the coordinator) for what is left. The idle fraction of a device is its waiting
 time over its online, alive time.
+
+On the virtual clock the busy intervals are the planned download, compute and upload of
+each task; on the wall clock they are the measured compute seconds each update reports,
+ending at its arrival (:func:`edgefl.runtime.planning.observed`). A checkpoint holds the
+busy intervals (:meth:`Timeline.state_dict`), so a resumed run's timeline covers the whole
+run from second 0.
 """
 
 from __future__ import annotations
@@ -13,6 +19,10 @@ import csv
 import math
 from collections import defaultdict
 from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError
 
 STATES = ("download", "compute", "upload", "waiting", "offline", "dead")
 
@@ -24,13 +34,44 @@ class Timeline:
         self.busy: dict[int, list[tuple[str, float, float]]] = defaultdict(list)
         self.rows: list[tuple[int, str, float, float]] = []
         self.idle: dict[int, float] = {}
+        self.origin = 0.0  # the first second covered (> 0 only after an old checkpoint)
 
     def add(self, device: int, state: str, start: float, end: float) -> None:
+        """A busy interval of ``device`` (``state`` one of download, compute, upload) from
+        ``start`` to ``end`` seconds; empty ones are ignored."""
         if end > start:
             self.busy[device].append((state, start, end))
 
+    def state_dict(self) -> dict:
+        """The busy intervals so far (for a checkpoint): ``busy`` is an (N, 4) float64 array
+        of rows (device, index in STATES, start_s, end_s), ``origin`` the first second."""
+        rows = [(d, STATES.index(s), a, b) for d in sorted(self.busy) for s, a, b in self.busy[d]]
+        return {"busy": np.array(rows, np.float64).reshape(-1, 4), "origin": float(self.origin)}
+
+    def load_state_dict(self, state: dict | None, now: float, keep_future: bool) -> None:
+        """Take back the busy intervals of a checkpoint taken at ``now`` seconds.
+
+        ``keep_future``: keep the parts after ``now`` too (the tasks in flight go on as
+        planned); False cuts them off (those tasks start again). A checkpoint without a
+        timeline (an older edgefl) leaves it empty, covering the run from ``now`` on.
+        """
+        self.busy = defaultdict(list)
+        if state is None:
+            self.origin = float(now)
+            return
+        busy = state.get("busy")
+        if not isinstance(busy, np.ndarray) or busy.ndim != 2 or busy.shape[1] != 4:
+            raise CheckpointError("checkpoint entry 'timeline/busy' is not an (N, 4) array")
+        self.origin = float(state.get("origin", 0.0))
+        for d, k, a, b in busy.tolist():
+            if not (0 <= k < len(STATES) and math.isfinite(a) and math.isfinite(b)):
+                raise CheckpointError(
+                    f"checkpoint entry 'timeline/busy' has a bad row {d, k, a, b}"
+                )
+            self.add(int(d), STATES[int(k)], a, b if keep_future else min(b, now))
+
     def finish(self, devices: list[int], end: float, profiles=None, seed: int = 0) -> None:
-        """Complete every device's timeline up to ``end`` seconds.
+        """Complete every device's timeline from :attr:`origin` up to ``end`` seconds.
 
         ``profiles`` (device -> Profile, virtual clock only) give the offline and dead
         intervals; without them a device is online and alive throughout.
@@ -40,8 +81,8 @@ class Timeline:
             busy = sorted((a, min(b, end), s) for s, a, b in self.busy.get(d, []) if a < end)
             away = _away(profiles[d], seed, d, end) if profiles is not None else []
             spans = [(a, b, s) for a, b, s in busy] + [(a, b, s) for s, a, b in away]
-            spans.sort()
-            t = 0.0
+            spans = sorted((max(a, self.origin), b, s) for a, b, s in spans if b > self.origin)
+            t = self.origin
             waiting = 0.0
             present = 0.0
             for a, b, s in spans:

@@ -3,9 +3,10 @@ launcher or a checkpoint write, or receive forged and Byzantine updates.
 
 Scenarios (issue 7), each a short job of 10 devices on 3-4 ranks, 15 BSP rounds, IID data:
 
-1. one worker rank SIGKILLs itself early / mid / late (``debug.kill_ranks``): the run
-   completes with status 0, the summary names the rank and its devices, the kill-to-progress
-   time is under 2 s and accuracy stays high;
+1. one worker rank SIGKILLs itself mid-run (``debug.kill_ranks``) with ``fleet.rehost =
+   "off"``: the run completes with status 0, the summary names the rank and its devices,
+   the kill-to-progress time is under 2 s and accuracy stays high (re-hosting, the default:
+   tests/fault/test_rehost.py; early and late kills: ``edgefl bench faults``);
 2. two worker ranks die together;
 3. ``fleet.on_failure = "stop"``: status 3, a readable checkpoint, and ``--resume`` completes;
 4. the whole ``edgefl simulate`` process group is SIGKILLed mid-run: a resume from the latest
@@ -17,7 +18,7 @@ Scenarios (issue 7), each a short job of 10 devices on 3-4 ranks, 15 BSP rounds,
    final model is bit-identical to a clean run's;
 7. f = 2 of 10 sign-flipping devices: plain mean collapses, median / trimmed mean / Krum stay
    within 2 accuracy points of clean;
-8. 24 oversubscribed ranks under ASP with equal profiles: every device is served, at most
+8. 8 oversubscribed ranks under ASP with equal profiles: every device is served, at most
    1.5x more updates applied for one device than for another (64 ranks take 2-4 minutes
    here, nearly all of it start-up: ``edgefl bench faults`` runs that size).
 
@@ -63,7 +64,7 @@ aggregation = "mean"
 progress = "quiet"
 """
 # rank 2 of 4 hosts devices 1, 4, 7: 3 tasks per round, 45 in the run
-KILL_AT = {"early": 2, "mid": 23, "late": 43}
+KILL_AT = {"mid": 23}
 
 
 def _config(tmp: Path) -> Path:
@@ -125,21 +126,30 @@ def clean(tmp_path_factory, launcher) -> dict:
     return s
 
 
-def _check_killed(out: Path, p, victims: list[int], ranks: int) -> dict:
+def _check_killed(out: Path, p, victims: list[int], ranks: int, moved: bool = True) -> dict:
+    """The run completed without ``victims``; ``moved``: their devices were re-hosted
+    (fleet.rehost, the default under simulate) and trained every round, else they died."""
     assert p.returncode == 0, _text(p)
     s = summary(out)
     assert s["rounds_done"] == ROUNDS and s["stopped"] == ""
     assert sorted(s["failed_ranks"], key=int) == [str(r) for r in victims]
     dead = sorted(d for r in victims for d in devices_of_rank(r, DEVICES, ranks))
-    assert sorted(int(d) for d in s["failed_devices"]) == dead
     for r in victims:
         assert f"rank {r} failed; devices" in p.stdout
-    for d, v in s["devices"].items():
-        if int(d) in dead:
-            assert v["rounds"] < ROUNDS
-        else:  # every survivor took part in every round
-            assert v["rounds"] == ROUNDS
-    assert s["lost_tasks"] >= 1
+    if moved:
+        assert s["failed_devices"] == {} and s["lost_tasks"] == 0
+        # (a device moved onto a rank not yet known dead moves again: its last move counts)
+        last = {m["device"]: m["to"] for m in s["rehosted"]}
+        assert sorted(last) == dead and not set(last.values()) & set(victims)
+        assert all(v["rounds"] == ROUNDS for v in s["devices"].values())
+    else:
+        assert sorted(int(d) for d in s["failed_devices"]) == dead and s["rehosted"] == []
+        for d, v in s["devices"].items():
+            if int(d) in dead:
+                assert v["rounds"] < ROUNDS
+            else:  # every survivor took part in every round
+                assert v["rounds"] == ROUNDS
+        assert s["lost_tasks"] >= 1
     assert s["final_accuracy"] > 0.6
     assert 0 < kill_to_progress(out, victims) < 2.0
     assert s["recovery_s"] and all(0 <= x < 2.0 for x in s["recovery_s"])
@@ -147,15 +157,10 @@ def _check_killed(out: Path, p, victims: list[int], ranks: int) -> dict:
 
 
 @MPI
-@pytest.mark.parametrize(
-    "when",
-    [
-        pytest.param("early", marks=pytest.mark.slow),
-        "mid",
-        pytest.param("late", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.parametrize("when", ["mid"])  # (early and late: edgefl bench faults)
 def test_killed_worker_run_completes(tmp_path, launcher, when):
+    """``fleet.rehost = off`` (the behaviour of ``edgefl run``): the devices die with their
+    rank and the others go on (tests/fault/test_rehost.py: the default, re-hosting)."""
     k = KILL_AT[when]
     out = tmp_path / "run"
     p = simulate(
@@ -164,8 +169,9 @@ def test_killed_worker_run_completes(tmp_path, launcher, when):
         "fleet.ranks=4",
         "debug.kill_ranks=[2]",
         f"debug.kill_after_tasks={k}",
+        'fleet.rehost="off"',
     )
-    s = _check_killed(out, p, [2], 4)
+    s = _check_killed(out, p, [2], 4, moved=False)
     # the victim's devices finished the rounds before the fatal task's round (3 tasks per
     # round), maybe plus that round if their update got out before the kill
     full = (k - 1) // 3
@@ -186,12 +192,8 @@ def test_two_killed_workers(tmp_path, launcher):
         "debug.kill_after_tasks=8",
     )
     s = _check_killed(out, p, [2, 3], 4)
-    assert sorted(int(d) for d in s["devices"] if s["devices"][d]["rounds"] == ROUNDS) == [
-        0,
-        3,
-        6,
-        9,
-    ]
+    last = {m["device"]: m["to"] for m in s["rehosted"]}
+    assert set(last.values()) == {1}  # the only worker left hosts them all in the end
 
 
 @MPI
@@ -253,9 +255,9 @@ def test_launcher_killed_then_resumed(tmp_path, launcher, clean):
     while not first.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "run ended before its kill"
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)  # launcher, mpiexec; the ranks have their own groups
+    os.killpg(proc.pid, signal.SIGKILL)  # edgefl simulate (mpiexec has its own session)
     proc.wait()
-    # the ranks lose their launcher and end on their own (measured: about 1 s)
+    # the ranks lose their launcher and end on their own (measured: 0.2-0.45 s)
     t0 = time.monotonic()
     while _processes_of(out) and time.monotonic() - t0 < 60:
         time.sleep(0.1)
@@ -306,11 +308,10 @@ def test_kill_during_checkpoint_write(tmp_path, launcher, clean):
 
 @MPI
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "inject", [["duplicate"], ["bad-kind", "bad-length", "bad-dtype", "foreign-device"]],
-    ids=["duplicate-storm", "malformed-storm"],
-)  # fmt: skip
-def test_forgery_storm_changes_nothing(tmp_path, launcher, clean, inject):
+def test_forgery_storm_changes_nothing(tmp_path, launcher, clean):
+    """A duplicate and a malformed storm at once (one job: each kind is counted apart)."""
+    malformed = ["bad-kind", "bad-length", "bad-dtype", "foreign-device"]
+    inject = ["duplicate", *malformed]
     out = tmp_path / "run"
     p = simulate(
         _config(tmp_path), out, f"debug.inject={json.dumps(inject)}", "debug.inject_every=2"
@@ -320,10 +321,7 @@ def test_forgery_storm_changes_nothing(tmp_path, launcher, clean, inject):
     # rank 1 of 3 hosts 5 devices: 75 tasks; forgeries with its first task (debug.inject
     # alone) and then with every 2nd one (debug.inject_every)
     storms = 1 + (ROUNDS * len(devices_of_rank(1, DEVICES, 3))) // 2
-    if inject == ["duplicate"]:
-        assert (s["duplicates"], s["rejected"]) == (storms, 0)
-    else:
-        assert (s["duplicates"], s["rejected"]) == (0, len(inject) * storms)
+    assert (s["duplicates"], s["rejected"]) == (storms, len(malformed) * storms)
     assert s["rounds_done"] == ROUNDS
     assert s["model_sha256"] == clean["model_sha256"]
 
@@ -363,7 +361,7 @@ def test_byzantine_signflip(tmp_path, clean_inline, aggregation):
 @MPI
 @pytest.mark.slow
 def test_many_ranks_asp_serves_every_device(tmp_path, launcher):
-    devices, ranks = 22, 12
+    devices, ranks = 14, 8
     out = tmp_path / "run"
     p = simulate(
         _config(tmp_path), out, f"fleet.devices={devices}", f"fleet.ranks={ranks}",
@@ -409,8 +407,8 @@ def test_checkpoint_kill_hook_leaves_previous_checkpoint(tmp_path):
     assert load_checkpoint(latest_checkpoint(tmp_path))["round"] == 3
 
 
-def _bench_row(name: str, acc: float, **kw) -> dict:
-    row = {"scenario": name, "completed": True, "final_accuracy": acc, "clean_accuracy": 0.9}
+def _bench_row(name: str, acc: float, clean: float = 0.9, **kw) -> dict:
+    row = {"scenario": name, "completed": True, "final_accuracy": acc, "clean_accuracy": clean}
     row.update({"recovery_s": None, "lost_rounds": 0, **kw})
     return row
 
@@ -427,19 +425,44 @@ def test_bench_targets():
         _bench_row("byzantine-signflip-trimmed-mean", 0.89),
         _bench_row("byzantine-signflip-krum", 0.9),
         _bench_row("asp-64-ranks-virtual", 0.3, served="63/63", update_ratio=1.5),
+        # the "before" figure (devices lost with their rank): no target, whatever it shows
+        _bench_row("kill-mid-no-rehost", 0.85, recovery_s=3.0, rehosted=0),
+        _bench_row("rehost-sigkill", 0.9, recovery_s=0.2, same_model=True, rehosted=3),
+        _bench_row("clean-gddr", 0.91),
+        _bench_row("rehost-sigkill-gddr", 0.907, clean=0.91, recovery_s=0.3, same_model=False),
+        _bench_row("sigstop", 0.9, exit_status=0, same_model=True, detect_s=10.4),
     ]
     got = dict(targets(rows, every=5))
-    assert all(got.values()) and len(got) == 7
+    assert all(got.values()) and len(got) == 10
     rows[1]["final_accuracy"] = 0.896  # 0.4 points below clean
     rows[2]["lost_rounds"] = 6  # more than one interval
     rows[5]["final_accuracy"] = 0.879  # 2.1 points below clean
     rows[7]["served"] = "62/63"
+    rows[9]["same_model"] = False  # re-hosted under plain BSP, yet not bit-identical
+    rows[11]["final_accuracy"] = 0.914  # 0.4 points above its clean GDDR run
+    rows[12]["exit_status"] = 1
     got = dict(targets(rows, every=5))
     assert [k for k, v in got.items() if not v] == [
         "killed-worker runs within 0.3 points of clean, recovery < 1 s",
+        "re-hosted kill (BSP): model bit-identical to clean, recovery < 1 s",
+        "re-hosted kill (GDDR): within 0.3 points of clean GDDR, recovery < 1 s",
+        "SIGSTOPped worker: the run completes with exit status 0",
         "a resume loses at most one checkpoint interval (5 rounds)",
         "f=2 signflip: median / trimmed mean / Krum within 2 points",
         "asp-64-ranks-virtual: every device served, update ratio <= 1.5",
     ]
+    # recovery of 1 s or more, or none measured, misses the re-hosting targets too
+    rows[9]["same_model"], rows[9]["recovery_s"] = True, 1.0
+    rows[11]["final_accuracy"], rows[11]["recovery_s"] = 0.907, None
+    rows[12]["exit_status"], rows[12]["completed"] = 0, False  # (stopped: not completed)
+    got = dict(targets(rows, every=5))
+    assert not got["re-hosted kill (BSP): model bit-identical to clean, recovery < 1 s"]
+    assert not got["re-hosted kill (GDDR): within 0.3 points of clean GDDR, recovery < 1 s"]
+    assert not got["SIGSTOPped worker: the run completes with exit status 0"]
+    rows[9]["recovery_s"], rows[11]["recovery_s"], rows[12]["completed"] = 0.2, 0.3, True
+    got = dict(targets(rows, every=5))
+    assert got["re-hosted kill (BSP): model bit-identical to clean, recovery < 1 s"]
+    assert got["re-hosted kill (GDDR): within 0.3 points of clean GDDR, recovery < 1 s"]
+    assert got["SIGSTOPped worker: the run completes with exit status 0"]
     rows[0]["completed"] = False
     assert not dict(targets(rows, every=5))["every scenario completes"]

@@ -350,6 +350,47 @@ def run_loopback(sets: list[str], timeout: float = 300.0) -> tuple[dict, int]:
     return summary, ranks
 
 
+def run_loopback_dir(sets: list[str], run_dir: Path, resume: Path | None = None) -> dict:
+    """Like :func:`run_loopback`, but writing ``run_dir`` (kept), optionally resuming from
+    checkpoint ``resume``; returns its summary.json (tests of resumes: the checkpoints of
+    the first part stay in ``run_dir``)."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    from conftest import run_loopback_job
+
+    from edgefl.ckpt import load_checkpoint
+    from edgefl.runtime.coordinator import Coordinator
+    from edgefl.runtime.state import build_task
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg, ranks = effective_config(sets)
+    task0 = build_task(cfg)  # before the worker threads (see run_loopback)
+    state = load_checkpoint(resume) if resume is not None else None
+
+    def coordinator(cfg_, t, task, out_dir=None):
+        return Coordinator(cfg_, t, task0, out_dir=run_dir, resume=state)
+
+    out: dict = {}
+
+    def go() -> None:
+        try:
+            out["r"] = run_loopback_job(cfg, ranks, coordinator_cls=coordinator)
+        except BaseException as e:  # noqa: BLE001 - raised below
+            out["e"] = e
+
+    th = threading.Thread(target=go, daemon=True)
+    th.start()
+    th.join(240)
+    assert not th.is_alive(), "loopback job hung"
+    if "e" in out:
+        raise out["e"]
+    coord, statuses = out["r"]
+    assert statuses == [0] * ranks, statuses
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["model_sha256"] == sha256_of(coord.global_model)
+    return summary
+
+
 # summary.json of every config run in this process (tests/test_resume_exact.py compares a
 # resumed run's statistics with the uninterrupted run's without running it again)
 SUMMARIES: dict[tuple[str, ...], dict] = {}

@@ -1,31 +1,22 @@
-"""Client-level differential privacy at the coordinator, with a Rényi-DP accountant.
+"""Client-level differential privacy at the coordinator: DP-FedAvg, accounted with
+dp-accounting (:mod:`.accounting`).
 
 Mechanism (DP-FedAvg, McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private
 Recurrent Language Models", ICLR 2018): every device's delta is clipped to L2 norm at most
-``C`` (``dp.clip``), the clipped deltas are averaged with equal weights over the ``n``
-updates of the step, and Gaussian noise with standard deviation ``z * C / n`` per coordinate
-is added to the mean (``z`` = ``dp.noise_multiplier``). Equivalently, the *sum* of the
-clipped deltas, whose sensitivity to adding or removing one device is ``C``, gets noise
-``N(0, (z C)^2)``: a Gaussian mechanism with noise multiplier ``z``. The noise stream is a
-pure function of the run seed and the aggregation step (:func:`edgefl.seeding.derive_seed`).
+``C`` (``dp.clip``), the clipped deltas are summed, Gaussian noise of standard deviation
+``z C`` per coordinate is added to the sum (``z`` = ``dp.noise_multiplier``), and the result
+is divided by the public constant ``D`` of the sampling (:attr:`.Sampling.denominator`: the
+m devices drawn per step with ``dp.sampling = "fixed"``, the expected q N with
+``"poisson"``), never by the number of updates that arrived. With every drawn device
+reporting (fixed mode), that is the mean of the clipped deltas plus noise of std ``z C / m``.
+The noise stream is a pure function of the run seed and the aggregation step
+(:func:`edgefl.seeding.derive_seed`).
 
-Accountant: each aggregation step is the Poisson-subsampled Gaussian mechanism with sampling
-rate ``q`` (the fraction of devices taking part, ``server.participation``) and noise
-multiplier ``z``, under add/remove-one-device adjacency. Its Rényi DP at integer order
-``alpha >= 2`` is exactly (Mironov, Talwar, Zhang, "Rényi Differential Privacy of the
-Sampled Gaussian Mechanism", 2019, Section 3.3)::
-
-    RDP(alpha) = log(A_alpha) / (alpha - 1),
-    A_alpha = sum_{k=0}^{alpha} C(alpha, k) (1 - q)^(alpha - k) q^k exp((k^2 - k) / (2 z^2))
-
-which for ``q = 1`` reduces to the Gaussian mechanism's ``alpha / (2 z^2)`` (Mironov, "Rényi
-Differential Privacy", CSF 2017). Steps compose by adding RDP order by order; the total is
-converted to (epsilon, delta)-DP by minimising over the orders either the classic bound
-``eps = RDP(alpha) + log(1/delta) / (alpha - 1)`` (Mironov 2017, Prop. 3) or the tighter
-``eps = RDP(alpha) + log((alpha - 1)/alpha) - (log delta + log alpha) / (alpha - 1)``
-(Balle, Barthe, Gaboardi, Hsu, Sato, "Hypothesis Testing Interpretations and Rényi
-Differential Privacy", AISTATS 2020, Thm. 21), the default. Both are upper bounds on the true
-epsilon; restricting to integer orders only loosens them slightly.
+A step without any update (no drawn device could train, or every one was lost) is still a
+step: the noise alone is released (``0 + N(0, (z C)^2)``, divided by ``D``) and accounted.
+Under Poisson sampling this is what the accounted mechanism does on an empty sample, and
+skipping the release would tell whether the sample was empty, which the add/remove analysis
+does not cover; fixed-size sampling is handled the same way so that every draw is one step.
 """
 
 from __future__ import annotations
@@ -39,177 +30,59 @@ from edgefl.algorithms.robust.rules import l2_norm
 from edgefl.config import checks
 from edgefl.errors import ConfigError
 from edgefl.policies.aggregation import Aggregator, Update
+from edgefl.policies.consistency import sample_size
 from edgefl.seeding import derive_seed
+
+from .accounting import (
+    FIXED,
+    POISSON,
+    SAMPLINGS,
+    Accountant,
+    Sampling,
+    dp_accounting_version,
+)
 
 # stream purpose of the DP noise (last part of derive_seed's key, after the step)
 DP_NOISE = 0xD9
-
-# Integer Rényi orders tried by the accountant.
-DEFAULT_ORDERS: tuple[int, ...] = tuple(range(2, 257))
-
-CONVERSIONS = ("balle2020", "classic")
 
 # Aggregations DP-FedAvg may replace (it always averages the clipped updates uniformly).
 DP_COMPATIBLE_AGGREGATIONS = ("mean", "sample-weighted")
 
 
-def _check_orders(orders: Sequence[int]) -> np.ndarray:
-    a = np.asarray(list(orders))
-    if a.size == 0 or a.dtype.kind not in "iu" or (a < 2).any():
-        raise ValueError(f"Rényi orders must be integers >= 2, got {list(orders)[:5]}...")
-    return a.astype(np.int64)
-
-
-def _check_rate(q: float) -> float:
-    q = float(q)
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"sampling rate {q!r}: must be in [0, 1]")
-    return q
-
-
-def rdp_gaussian(noise_multiplier: float, orders: Sequence[int] = DEFAULT_ORDERS) -> np.ndarray:
-    """RDP of one Gaussian mechanism (sensitivity 1, std ``noise_multiplier``) at ``orders``:
-    ``alpha / (2 z^2)`` (inf when z = 0)."""
-    a = _check_orders(orders).astype(np.float64)
-    z = float(noise_multiplier)
-    if z <= 0:
-        return np.full(a.shape, math.inf)
-    return a / (2.0 * z * z)
-
-
-def rdp_subsampled_gaussian(
-    sample_rate: float, noise_multiplier: float, orders: Sequence[int] = DEFAULT_ORDERS
-) -> np.ndarray:
-    """RDP of one step of the Poisson-subsampled Gaussian mechanism at integer ``orders``.
-
-    Args:
-        sample_rate: probability q that a device takes part in the step, 0 <= q <= 1.
-        noise_multiplier: z, noise std divided by the sensitivity (the clip norm), >= 0.
-        orders: integer Rényi orders alpha >= 2 (default 2..256).
-
-    Returns the RDP epsilon at each order (float64; inf everywhere when z = 0 and q > 0).
-    """
-    q = _check_rate(sample_rate)
-    a = _check_orders(orders)
-    z = float(noise_multiplier)
-    if q == 0.0:
-        return np.zeros(a.shape)
-    if z <= 0:
-        return np.full(a.shape, math.inf)
-    if q == 1.0:
-        return rdp_gaussian(z, a)
-    from scipy.special import gammaln, logsumexp  # (here: scipy costs every rank 0.2 s)
-
-    log_q, log_1q = math.log(q), math.log1p(-q)
-    out = np.empty(a.shape, np.float64)
-    for i, alpha in enumerate(a.tolist()):
-        k = np.arange(alpha + 1, dtype=np.float64)
-        log_terms = (
-            gammaln(alpha + 1.0)
-            - gammaln(k + 1.0)
-            - gammaln(alpha - k + 1.0)
-            + (alpha - k) * log_1q
-            + k * log_q
-            + (k * k - k) / (2.0 * z * z)
+def config_sampling(cfg: dict) -> Sampling:
+    """The :class:`.Sampling` of a full config: ``dp.sampling``, ``fleet.devices`` (N),
+    ``server.participation`` (q) and ``server.min_devices`` (fixed: m = the BSP round size,
+    :func:`edgefl.policies.consistency.sample_size`)."""
+    mode = cfg["dp"].get("sampling", FIXED)
+    srv, n = cfg["server"], cfg["fleet"]["devices"]
+    if mode == POISSON:
+        q = checks.number("server.participation", srv["participation"])
+        return Sampling.poisson(n, q)
+    if mode != FIXED:
+        raise ConfigError(
+            f"config key 'dp.sampling' = {mode!r}: expected one of {', '.join(SAMPLINGS)}"
         )
-        out[i] = max(float(logsumexp(log_terms)), 0.0) / (alpha - 1)
-    return out
-
-
-def epsilon_from_rdp(
-    rdp: Sequence[float] | np.ndarray,
-    orders: Sequence[int],
-    delta: float,
-    conversion: str = "balle2020",
-) -> tuple[float, int]:
-    """Smallest epsilon over the orders for which the RDP curve gives (epsilon, delta)-DP.
-
-    Args:
-        rdp: accumulated RDP epsilon at each order.
-        orders: the integer orders (alpha >= 2) of ``rdp``.
-        delta: target delta, 0 < delta < 1 (``dp.delta``).
-        conversion: ``"balle2020"`` (default, tighter) or ``"classic"`` (Mironov 2017).
-
-    Returns (epsilon, the order that attains it; the smallest such order on ties).
-    """
-    if not 0.0 < delta < 1.0:
-        raise ConfigError(f"config key 'dp.delta' = {delta!r}: must be > 0 and < 1")
-    if conversion not in CONVERSIONS:
-        raise ValueError(f"conversion {conversion!r}: expected one of {', '.join(CONVERSIONS)}")
-    a = _check_orders(orders).astype(np.float64)
-    r = np.asarray(rdp, np.float64)
-    if r.shape != a.shape:
-        raise ValueError(f"{r.size} RDP values for {a.size} orders")
-    if conversion == "classic":
-        eps = r + math.log(1.0 / delta) / (a - 1.0)
-    else:
-        eps = r + np.log1p(-1.0 / a) - (math.log(delta) + np.log(a)) / (a - 1.0)
-    eps = np.maximum(eps, 0.0)
-    i = int(np.argmin(eps))  # first minimum = smallest order
-    return float(eps[i]), int(a[i])
-
-
-class RDPAccountant:
-    """Accumulates the RDP of a sequence of subsampled Gaussian steps.
-
-    Args:
-        orders: integer Rényi orders tracked (default 2..256).
-    """
-
-    def __init__(self, orders: Sequence[int] = DEFAULT_ORDERS) -> None:
-        self.orders = tuple(int(x) for x in _check_orders(orders))
-        self.rdp = np.zeros(len(self.orders))
-        self.steps = 0
-        self._cache: dict[tuple[float, float], np.ndarray] = {}
-
-    def step(self, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
-        """Account for ``steps`` steps with noise multiplier z and sampling rate q."""
-        if steps < 0:
-            raise ValueError(f"steps = {steps}: must be >= 0")
-        key = (float(noise_multiplier), float(sample_rate))
-        per = self._cache.get(key)
-        if per is None:
-            per = rdp_subsampled_gaussian(key[1], key[0], self.orders)
-            self._cache[key] = per
-        self.rdp = self.rdp + steps * per
-        self.steps += steps
-
-    def epsilon(self, delta: float, conversion: str = "balle2020") -> tuple[float, int]:
-        """(epsilon, best order) of everything accounted so far at ``delta``."""
-        if self.steps == 0:
-            return 0.0, self.orders[0]
-        return epsilon_from_rdp(self.rdp, self.orders, delta, conversion)
-
-    def state_dict(self) -> dict:
-        """Plain values for a checkpoint (orders, accumulated RDP, steps)."""
-        return {"orders": list(self.orders), "rdp": self.rdp.tolist(), "steps": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        orders = tuple(int(x) for x in state["orders"])
-        rdp = np.asarray(state["rdp"], np.float64)
-        if rdp.shape != (len(orders),):
-            raise ValueError("accountant state: rdp and orders differ in length")
-        self.orders, self.rdp, self.steps = orders, rdp, int(state["steps"])
+    return Sampling.fixed(n, sample_size(n, srv["participation"], min(srv["min_devices"], n)))
 
 
 class DPFedAvg(Aggregator):
-    """Uniform mean of clipped updates plus Gaussian noise (DP-FedAvg), with its accountant.
+    """Clipped sum plus Gaussian noise over a public denominator (DP-FedAvg), with its
+    accountant.
 
     Args:
         clip: per-update L2 clip norm C (``dp.clip``, units of the model parameters), > 0.
-        noise_multiplier: z (``dp.noise_multiplier``), >= 0; noise std on the mean is
-            ``z * C / n`` for n updates. 0 = no noise (clipping only; epsilon is inf).
+        noise_multiplier: z (``dp.noise_multiplier``), >= 0; noise std on the sum is ``z C``.
+            0 = no noise (clipping only; epsilon is inf).
         delta: the delta at which epsilon is reported (``dp.delta``), 0 < delta < 1
             (default 1e-5).
-        sample_rate: fraction q of devices that take part in a step, 0 < q <= 1 (default 1;
-            ``server.participation``).
+        sampling: how each step's devices are drawn (:class:`.Sampling`; sets the
+            denominator and the accounted event). None (default): the updates of each step
+            are the whole population (no sampling): the denominator is their number n and a
+            step is accounted as ``Sampling.fixed(n, n)`` (replace-one).
         seed: run seed (``seed``); the noise of step t is drawn from
             ``derive_seed(seed, t, DP_NOISE)``.
-        orders: Rényi orders of the accountant (default 2..256).
 
-    The update count n is treated as public (it is in the coordinator's log). Restore
-    :meth:`state_dict` on resume, or the noise stream and the accountant restart.
+    Restore :meth:`state_dict` on resume, or the noise stream and the accountant restart.
     """
 
     name = "dp-mean"
@@ -219,9 +92,8 @@ class DPFedAvg(Aggregator):
         clip: float,
         noise_multiplier: float,
         delta: float = 1e-5,
-        sample_rate: float = 1.0,
+        sampling: Sampling | None = None,
         seed: int = 0,
-        orders: Sequence[int] = DEFAULT_ORDERS,
     ) -> None:
         self.clip = checks.positive("dp.clip", clip)
         self.noise_multiplier = checks.number("dp.noise_multiplier", noise_multiplier)
@@ -232,44 +104,58 @@ class DPFedAvg(Aggregator):
         self.delta = checks.number("dp.delta", delta)
         if not 0.0 < self.delta < 1.0:
             raise ConfigError(f"config key 'dp.delta' = {delta!r}: must be > 0 and < 1")
-        q = checks.number("server.participation", sample_rate)
-        if not 0.0 < q <= 1.0:
-            raise ConfigError(
-                f"config key 'server.participation' = {sample_rate!r}: must be > 0 and <= 1"
-            )
-        self.sample_rate = q
+        if sampling is not None and not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling: expected a Sampling or None, got {sampling!r}")
+        self.sampling = sampling
         self.seed = int(seed)
-        self.accountant = RDPAccountant(orders)
+        self.accountant = Accountant()
         self.last_clipped: list[int] = []
         self.last_noise_std = 0.0
 
     @classmethod
     def from_config(cls, cfg: dict) -> DPFedAvg:
-        """Build from a full config: ``dp.clip``, ``dp.noise_multiplier``, ``dp.delta``,
-        ``seed`` and ``server.participation``; ConfigError when ``algorithm.aggregation`` is
-        not one DP-FedAvg can stand in for (mean, sample-weighted)."""
+        """Build from a full config: ``dp.*``, ``seed`` and the sampling
+        (:func:`config_sampling`). ConfigError when ``algorithm.aggregation`` is not one
+        DP-FedAvg can stand in for (mean, sample-weighted), and for a norm bound
+        (``robust.norm_bound*``) with ``dp.sampling = "poisson"``: the bound's filter drops
+        a step whose updates it all rejects, and a step not released is not the accounted
+        mechanism."""
         agg = cfg["algorithm"]["aggregation"]
         if agg not in DP_COMPATIBLE_AGGREGATIONS:
             raise ConfigError(
                 f"config key 'algorithm.aggregation' = {agg!r}: client-level DP averages the "
                 f"clipped updates; expected one of {', '.join(DP_COMPATIBLE_AGGREGATIONS)}"
             )
+        sampling = config_sampling(cfg)
+        robust = cfg.get("robust", {})
+        for key in ("norm_bound", "norm_bound_relative"):
+            if sampling.mode == POISSON and robust.get(key, 0.0):
+                raise ConfigError(
+                    f"config key 'robust.{key}' = {robust[key]!r}: not with dp.sampling = "
+                    "'poisson' (a step whose updates the bound all rejects would not be "
+                    "released, which the Poisson accounting does not model)"
+                )
         dp = cfg["dp"]
-        return cls(
-            dp["clip"],
-            dp["noise_multiplier"],
-            dp["delta"],
-            cfg["server"]["participation"],
-            cfg["seed"],
-        )
+        return cls(dp["clip"], dp["noise_multiplier"], dp["delta"], sampling, cfg["seed"])
 
     @property
     def steps(self) -> int:
-        """Aggregation steps taken (each one is a released noisy mean)."""
+        """Aggregation steps taken (each one is a released noisy sum)."""
         return self.accountant.steps
 
+    def aggregate(self, updates: Sequence[Update], out: np.ndarray | None = None) -> np.ndarray:
+        """As :meth:`Aggregator.aggregate`; also for a step without updates (the noise
+        alone, see the module docstring), which needs ``out`` (model-sized) and a
+        :attr:`sampling`."""
+        if updates:
+            return super().aggregate(updates, out)
+        if out is None or self.sampling is None:
+            raise ValueError("dp: a step without updates needs out= and a sampling")
+        acc = self._release(np.zeros(out.size, np.float64), 0)
+        np.copyto(out, acc, casting="same_kind")
+        return out
+
     def combine(self, ordered: list[Update]) -> np.ndarray:
-        n = len(ordered)
         c = self.clip
         acc = np.zeros(ordered[0].delta.size, np.float64)
         clipped = []
@@ -284,37 +170,75 @@ class DPFedAvg(Aggregator):
                 clipped.append(u.device)
             else:
                 acc += u.delta
-        acc /= n
-        std = self.noise_multiplier * c / n
+        self.last_clipped = clipped
+        return self._release(acc, len(ordered))
+
+    def _release(self, acc: np.ndarray, n: int) -> np.ndarray:
+        """(clipped sum ``acc`` of ``n`` updates + noise) / denominator, and one step."""
+        sampling = self.sampling or Sampling.fixed(n, n)
+        denom = sampling.denominator
+        acc /= denom
+        std = self.noise_multiplier * self.clip / denom
         if std > 0:
             rng = np.random.default_rng(derive_seed(self.seed, self.steps, DP_NOISE))
             acc += std * rng.standard_normal(acc.size)
-        self.accountant.step(self.noise_multiplier, self.sample_rate)
-        self.last_clipped = clipped
+        self.accountant.step(sampling, self.noise_multiplier)
         self.last_noise_std = std
+        if n == 0:
+            self.last_clipped = []
         return acc
 
-    def epsilon(self, conversion: str = "balle2020") -> float:
-        """Epsilon spent so far at :attr:`delta` (0 before the first step, inf without noise)."""
-        return self.accountant.epsilon(self.delta, conversion)[0]
+    def epsilon(self) -> float:
+        """Epsilon spent so far at :attr:`delta` (0 before the first step, inf without
+        noise), from dp-accounting (:meth:`.Accountant.epsilon`)."""
+        return self.accountant.epsilon(self.delta)
+
+    def summary(self) -> dict:
+        """What was accounted, for the run summary: epsilon, delta, steps, the sampling,
+        the adjacency, the event and the library."""
+        s = self.sampling
+        return {
+            "dp": {
+                "epsilon": self.epsilon(),
+                "delta": self.delta,
+                "steps": self.steps,
+                "sampling": s.mode if s else "none",
+                "adjacency": self.accountant.adjacency or (s.adjacency if s else None),
+                "event": s.describe(self.noise_multiplier) if s else None,
+                "accountant": f"dp-accounting {dp_accounting_version()} RdpAccountant",
+            }
+        }
 
     def state_dict(self) -> dict:
         """Plain values for a checkpoint (the accountant; its step count keys the noise)."""
         return {"accountant": self.accountant.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        self.accountant.load_state_dict(state["accountant"])
+        """Restore what :meth:`state_dict` returned. A checkpoint of an edgefl whose
+        accountant kept only Rényi values (``orders``/``rdp``) has its steps re-accounted
+        with this run's sampling and noise multiplier. ConfigError when the checkpoint's
+        steps are under the other adjacency (``dp.sampling`` changed)."""
+        st = state["accountant"]
+        acc = Accountant()
+        if "history" in st:
+            acc.load_state_dict(st)
+        elif int(st.get("steps", 0)) > 0:
+            if self.sampling is None:
+                raise ValueError("dp: an old accountant state needs a sampling to re-account")
+            acc.step(self.sampling, self.noise_multiplier, int(st["steps"]))
+        mine = self.sampling.adjacency if self.sampling is not None else None
+        if mine is not None and acc.adjacency not in (None, mine):
+            raise ConfigError(
+                f"config key 'dp.sampling' = {self.sampling.mode!r}: the checkpoint's "
+                f"{acc.steps} steps are accounted under {acc.adjacency} adjacency; resume "
+                "with the dp.sampling it was written with"
+            )
+        self.accountant = acc
 
 
 __all__ = [
-    "CONVERSIONS",
-    "DEFAULT_ORDERS",
     "DP_COMPATIBLE_AGGREGATIONS",
     "DP_NOISE",
     "DPFedAvg",
-    "RDPAccountant",
-    "epsilon_from_rdp",
-    "rdp_gaussian",
-    "rdp_subsampled_gaussian",
+    "config_sampling",
 ]

@@ -97,6 +97,19 @@ class GDDRCoordinator(CoordinatorPlugin):
             )  # fmt: skip
             core.log_event("replay", now, d, -1)
 
+    def on_device_moved(self, d: int, rank: int, now: float, state: dict) -> None:
+        """Re-hosted: the residual checkpoint is folded in here (as for a dead device) and
+        the device starts on its new rank with an empty residual (a fresh step count on
+        both sides), so checkpointed mass is neither lost nor counted twice."""
+        self.on_device_dead(d, now)
+        self.decoders.pop(d, None)
+        state.pop(self.name, None)
+        if self.core.out_dir is not None:  # (read by the replay: the new count starts over)
+            from edgefl.algorithms.gddr.store import residual_checkpoint_name
+
+            ckpt = self.core.out_dir / "checkpoints" / "gddr" / residual_checkpoint_name(d)
+            ckpt.unlink(missing_ok=True)
+
     def flush_devices(self) -> list[int]:
         return sorted(self.decoders)
 

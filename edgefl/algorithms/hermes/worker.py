@@ -58,6 +58,8 @@ class HermesWorker(WorkerPlugin):
         with torch.no_grad():
             loss = evaluate(job.model, holdout, self.core.data.info.task,
                             device=job.torch_device, loss=self.core.loss)[0]  # fmt: skip
+        if not math.isfinite(loss):  # pushed as it is: rank 0 quarantines it (the gate's
+            return True, loss, 0.0  # window stays clean and the device restarts)
         g = self._gate(d)
         push = g.observe(loss)
         cap = self.core.cfg["hermes"]["max_local_iterations"]

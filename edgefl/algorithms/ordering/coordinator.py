@@ -42,6 +42,7 @@ class OrderingCoordinator(CoordinatorPlugin):
     def _send_orders(self, orders: list[np.ndarray]) -> None:
         """Every device's order for the orderer's current epoch; opens the epoch's stream."""
         core = self.core
+        self.current = dict(zip(sorted(core.devices), orders))
         for d, o in zip(sorted(core.devices), orders):
             core.t.send(
                 core.devices[d]["rank"], ORDER, device=d, round=self.orderer.epoch,
@@ -60,6 +61,8 @@ class OrderingCoordinator(CoordinatorPlugin):
             core.t.reject(msg.src, f"GRADS of device {d}: no ordering epoch open")
             return
         w = sorted(core.devices).index(d)
+        if w in st.moved:
+            return  # re-run after a move: its rows of this epoch are given up (see below)
         task = core.inflight.get(d, (None,))[0]
         n, width, first = int(msg.aux[0]), int(msg.aux[1]), int(msg.aux[2])
         if msg.round != task:
@@ -81,6 +84,22 @@ class OrderingCoordinator(CoordinatorPlugin):
             core.t.reject(msg.src, f"GRADS of device {d}: {why}")
             if w not in st.missing:
                 st.drop(w)
+
+    def on_device_moved(self, d: int, rank: int, now: float, state: dict) -> None:
+        """Re-hosted: the new rank gets the device's order of this epoch. Rows the old rank
+        already sent cannot be taken back from the running sum, so a device that sent some
+        is dropped from the epoch (D-RR order next epoch); one that sent none re-runs as
+        if nothing happened."""
+        order = getattr(self, "current", {}).get(d)
+        if order is None:
+            return
+        self.core.t.send(rank, ORDER, device=d, round=self.orderer.epoch,
+                         payload=np.ascontiguousarray(order, np.int32))  # fmt: skip
+        st = self.stream
+        w = sorted(self.core.devices).index(d)
+        if st is not None and st.count[w] > 0 and w not in st.missing:
+            st.drop(w)
+            st.moved.add(w)
 
     def after_apply(self, ap: Apply, now: float) -> None:
         """Close the epoch's stream (devices without an update this round, or with rows

@@ -644,6 +644,7 @@ class EpochStream:
         self.count = [0] * m
         self.signs = [np.zeros(n, np.int8) for n in self.sizes]
         self.missing: set[int] = set()
+        self.moved: set[int] = set()  # dropped because their device changed rank mid-epoch
         self.decisions = 0
         self.seconds = 0.0
         self.finished = False

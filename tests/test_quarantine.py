@@ -1,0 +1,40 @@
+"""A device whose loss or update is NaN/inf is quarantined, not fatal (issue 15): each such
+update is excluded from aggregation and counted; after ``fleet.quarantine_after`` in a row
+the device gets no more tasks; the job goes on. In one process (the inline backend); the
+same over real mpiexec under the Hermes gate is in tests/fault/test_rehost.py."""
+
+from __future__ import annotations
+
+import edgefl
+
+BROKEN = "nan_client:nan_on_one_device"  # tests/nan_client.py: device 3 trains to NaN
+
+
+def _run(tmp_path, **sets) -> dict:
+    over = {"output.progress": "quiet", "run.rounds": 8, "train.client": BROKEN, **sets}
+    return edgefl.simulate(overrides=over, out=tmp_path / "run", backend="inline").summary
+
+
+def test_nan_device_is_excluded_then_quarantined(tmp_path, capsys):
+    s = _run(tmp_path)
+    assert s["rounds_done"] == 8 and s["stopped"] == ""
+    assert s["quarantined"] == {"3": {"updates": 3, "streak": 3, "excluded_at": 2}}
+    assert s["devices"]["3"]["rounds"] == 0  # never aggregated
+    assert all(v["rounds"] == 8 for d, v in s["devices"].items() if d != "3")
+    assert s["rejected"] == 0  # not a malformed message: a quarantine
+    out = capsys.readouterr().out
+    assert "device 3 (rank 4) task 0: non-finite loss nan; excluded from aggregation" in out
+    assert "device 3 quarantined: 3 non-finite updates in a row" in out
+    assert s["final_accuracy"] > 0.4  # (10 classes: the others trained on)
+
+
+def test_quarantine_after_zero_keeps_dispatching(tmp_path):
+    s = _run(tmp_path, **{"fleet.quarantine_after": 0})
+    assert s["rounds_done"] == 8
+    assert s["quarantined"]["3"]["updates"] == 8 and s["quarantined"]["3"]["excluded_at"] is None
+
+
+def test_nan_under_the_hermes_gate_goes_on(tmp_path):
+    s = _run(tmp_path, **{"algorithm.gate": "hermes", "run.rounds": 12})
+    assert s["stopped"] == "" and s["rounds_done"] == 12
+    assert s["quarantined"]["3"]["updates"] == 3
