@@ -455,32 +455,11 @@ def mpi_launcher(cfg: dict) -> tuple[Any, dict]:
     return launcher, cfg
 
 
-# Before 3.11 (no -P): what ``python -P -m edgefl`` does, as a -c program run as
-# ``python -c BOOT -m edgefl ARGS``: edgefl is imported without the working directory ('' on
-# sys.path), which then goes last.
-_BOOT = (
-    "import runpy, sys; cwd = sys.path.pop(0); import edgefl; sys.path.append(cwd); "
-    "del sys.argv[1:3]; runpy.run_module('edgefl', run_name='__main__', alter_sys=True)"
-)
-
-
-def rank_python() -> list[str]:
-    """The start of a rank's command line, ``-m edgefl`` to follow: ``python -P`` (Python
-    >= 3.11: the working directory is not put first on sys.path, so a folder named
-    ``edgefl`` there cannot shadow this package; :func:`edgefl.cli.main` appends it last,
-    so the user's modules there still import), before 3.11 a ``-c`` start that does the
-    same; plain ``python`` when this package itself was imported from the working
-    directory (a source tree run in place), whose ``edgefl`` folder is then this package."""
-    if Path(__file__).resolve().parent.parent == Path.cwd().resolve():
-        return [sys.executable]
-    if sys.version_info >= (3, 11):
-        return [sys.executable, "-P"]
-    return [sys.executable, "-c", _BOOT]
-
-
 def mpi_command(launcher: Any, ranks: int, run_dir: Path, resume: str | None = None) -> list[str]:
     """The mpiexec command line running ``python -m edgefl run`` on the run directory's
     config.toml."""
+    from .launcher import rank_python
+
     argv = [*rank_python(), "-m", "edgefl", "run", str(run_dir / "config.toml"), "--out",
             str(run_dir)]  # fmt: skip
     if resume:

@@ -68,14 +68,36 @@ class Launcher:
         elif ulfm and self.flavor in ("mpich", "intel"):
             # no ULFM: keep the survivors alive (edgefl.rankwrap) and detect by time-outs
             flags.append("-disable-auto-cleanup")
-            from .api import rank_python  # (python -P: the cwd cannot shadow edgefl)
-
             argv = [*rank_python(), "-m", "edgefl.rankwrap", *argv]
         return [self.path, *flags, "-n", str(ranks), *argv]
 
     def failure_detection(self) -> str:
         """``ulfm`` (dead ranks reported by MPI) or ``timeout`` (comm.failure_timeout_s)."""
         return "ulfm" if self.supports_ulfm() else "timeout"
+
+
+# Before 3.11 (no -P): what ``python -P -m MODULE`` does, as a -c program run as
+# ``python -c BOOT -m MODULE ARGS``: edgefl is imported without the working directory ('' on
+# sys.path), which then goes last.
+_BOOT = (
+    "import runpy, sys; cwd = sys.path.pop(0); import edgefl; sys.path.append(cwd); "
+    "mod = sys.argv[2]; del sys.argv[1:3]; "
+    "runpy.run_module(mod, run_name='__main__', alter_sys=True)"
+)
+
+
+def rank_python() -> list[str]:
+    """The start of a rank's command line, ``-m edgefl`` to follow: ``python -P`` (Python
+    >= 3.11: the working directory is not put first on sys.path, so a folder named
+    ``edgefl`` there cannot shadow this package; :func:`edgefl.cli.main` appends it last,
+    so the user's modules there still import), before 3.11 a ``-c`` start that does the
+    same; plain ``python`` when this package itself was imported from the working
+    directory (a source tree run in place), whose ``edgefl`` folder is then this package."""
+    if Path(__file__).resolve().parent.parent == Path.cwd().resolve():
+        return [sys.executable]
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P"]
+    return [sys.executable, "-c", _BOOT]
 
 
 def find_mpiexec() -> Launcher:

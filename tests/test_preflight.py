@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from edgefl.api import mpi_command, preflight, rank_python
+from edgefl.api import mpi_command, preflight
 from edgefl.config import load_config
 from edgefl.data.base import DataInfo, FederatedDataset
 from edgefl.data.checks import (
@@ -32,6 +32,7 @@ from edgefl.data.checks import (
 )
 from edgefl.data.clicks import ClicksFederated
 from edgefl.errors import ConfigError, DataError
+from edgefl.launcher import rank_python
 
 ROOT = Path(__file__).resolve().parents[1]
 N, DIM, CLASSES = 10, 4, 3  # examples per device, features, classes of Fleet

@@ -53,7 +53,7 @@ def run_simulate(out: Path, sets: list[str], timeout: float = 3600) -> None:
     """Run ``edgefl simulate --out OUT --set ...`` (real mpiexec) and fail loudly."""
     import subprocess
 
-    from ..api import rank_python  # (python -P: the cwd cannot shadow edgefl)
+    from ..launcher import rank_python  # (python -P: the cwd cannot shadow edgefl)
 
     cmd = [*rank_python(), "-m", "edgefl", "simulate", "--out", str(out)]
     for s in sets:

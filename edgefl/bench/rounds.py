@@ -122,7 +122,7 @@ def edgefl_job(cfg: dict) -> dict:
         conf = Path(tmp) / "bench.toml"
         conf.write_text(dump_config(load_config(doc=cfg)))
         out = Path(tmp) / "run"
-        from ..api import rank_python  # (python -P: the cwd cannot shadow edgefl)
+        from ..launcher import rank_python  # (python -P: the cwd cannot shadow edgefl)
 
         cmd = [*rank_python(), "-m", "edgefl", "simulate", str(conf), "--out", str(out)]
         print(f"# edgefl: {' '.join(cmd)}", flush=True)
