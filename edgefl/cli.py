@@ -1,4 +1,4 @@
-"""The ``edgefl`` command: simulate, run, inspect, config, bench, report.
+"""The ``edgefl`` command: simulate, run, inspect, config, data, bench, report.
 
 User errors (:class:`~edgefl.errors.EdgeflError`) print one line ``edgefl: error: ...`` and
 exit with status 2, without a traceback.
@@ -72,6 +72,19 @@ def build_parser() -> argparse.ArgumentParser:
         "matrix", help="print the composition matrix of the algorithm options (Markdown)"
     )
     q.set_defaults(func=cmd_config_matrix)
+
+    p = sub.add_parser("data", help="work with the data sources")
+    dsub = p.add_subparsers(dest="data_command", metavar="ACTION")
+    dsub.required = True
+    q = dsub.add_parser(
+        "export",
+        help="write the config's federated data as federated HDF5 (examples/<client>/<feature>)",
+    )
+    _add_config_args(q, config_optional=True)
+    q.add_argument("--out", required=True, metavar="OUT.h5", help="training clients file")
+    q.add_argument("--test-out", metavar="TEST.h5", help="also write the test set here")
+    q.add_argument("--devices", type=int, help="number of devices (fleet.devices)")
+    q.set_defaults(func=cmd_data_export)
 
     from .bench import add_bench_parser
     from .report import add_parser as add_report_parser
@@ -212,6 +225,22 @@ def cmd_config_matrix(args: argparse.Namespace) -> int:
     from .algorithms.compose import matrix_markdown
 
     sys.stdout.write(matrix_markdown())
+    return 0
+
+
+def cmd_data_export(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .data import export_fedh5, load_federated
+
+    cfg = load_config(args.config, _overrides(args))
+    data, n = cfg["data"], cfg["fleet"]["devices"]
+    fd = load_federated(data["source"], dict(data["args"]), n, cfg["seed"])
+    export_fedh5(fd, args.out, args.test_out)
+    total = sum(fd.num_samples(k) for k in range(n))
+    test = f", test set -> {args.test_out}" if args.test_out else ""
+    print(
+        f"wrote {n} clients ({total} training examples) of {data['source']!r} -> {args.out}{test}"
+    )
     return 0
 
 

@@ -32,6 +32,7 @@ from edgefl.data.base import (
     FederatedDataset,
     as_feature_tensor,
     as_label_tensor,
+    dataset_tensors,
     one_line,
     stream_rng,
 )
@@ -97,6 +98,49 @@ def write_fedh5(path: str | os.PathLike[str], clients: Mapping[str, Mapping[str,
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def client_ids(num_devices: int) -> list[str]:
+    """Client ids ``"0" .. str(num_devices - 1)``, zero-padded to one width so that their
+    sorted order is the device order (what :class:`FedH5Federated` uses)."""
+    width = len(str(max(int(num_devices) - 1, 0)))
+    return [f"{k:0{width}d}" for k in range(int(num_devices))]
+
+
+def export_fedh5(
+    fd: FederatedDataset,
+    path: str | os.PathLike[str],
+    test_path: str | os.PathLike[str] | None = None,
+    *,
+    x_name: str = "pixels",
+    y_name: str = "label",
+) -> list[str]:
+    """Write every device of ``fd`` as one client of a federated HDF5 file.
+
+    Device ``k`` becomes client ``client_ids(fd.num_devices)[k]`` with features ``x_name``
+    and ``y_name`` (the ``fedh5`` source's defaults). With ``test_path``, ``fd.test()`` is
+    written there as the single client ``"test"``. Reading ``path`` back with source
+    ``fedh5`` (``num_devices = fd.num_devices``, ``test_path`` given) yields the same
+    training arrays per device and the same test set. This builds every device's data.
+
+    Returns:
+        The client ids written, in device order.
+    """
+    if fd.info.task != "classification":
+        raise DataError(
+            f"export_fedh5 {os.fspath(path)!r}: only classification data can be written "
+            f"(one label per example), this dataset's task is {fd.info.task!r}"
+        )
+    ids = client_ids(fd.num_devices)
+    clients: dict[str, dict[str, Any]] = {}
+    for k, cid in enumerate(ids):
+        x, y = dataset_tensors(fd.train(k), f"device {k} training data")
+        clients[cid] = {x_name: x, y_name: y}
+    if test_path is not None:
+        x, y = dataset_tensors(fd.test(), "test data")
+        write_fedh5(test_path, {"test": {x_name: x, y_name: y}})
+    write_fedh5(path, clients)
+    return ids
 
 
 def _open(path: str) -> h5py.File:

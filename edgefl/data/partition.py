@@ -1,6 +1,7 @@
 """Partition a centralized dataset over devices (IID, Dirichlet label skew, shards, quantity).
 
-The centralized dataset is either the built-in ``"gaussian-mixture"`` or the result of a
+The centralized dataset is a built-in (``"gaussian-mixture"``, or the real ``"digits"`` and
+``"mnist1d"`` of :mod:`edgefl.data.real`, extra ``edgefl[real]``) or the result of a
 ``"module:function"`` call. A stratified ``test_fraction`` is held out first; the rest is
 split with :func:`partition_indices`. Every rank builds the whole centralized dataset (it is
 cheap), so every rank computes the same split.
@@ -27,10 +28,11 @@ from edgefl.data.base import (
     one_line,
     stream_rng,
 )
+from edgefl.data.real import REAL_DATASETS, load_real
 from edgefl.errors import DataError
 
 SCHEMES = ("iid", "dirichlet", "shards", "quantity")
-BUILTIN_DATASETS = ("gaussian-mixture",)
+BUILTIN_DATASETS = ("gaussian-mixture", *REAL_DATASETS)
 ACCEPTED_ARGS = [
     "dataset",
     "dataset_args",
@@ -255,6 +257,9 @@ def _load_centralized(
             separation=a.number("separation", 4.5, lo=0.0),
         )
         return torch.from_numpy(x), torch.from_numpy(y)
+    if dataset in REAL_DATASETS:
+        x, y = load_real(dataset, dataset_args)
+        return torch.from_numpy(x.copy()), torch.from_numpy(y.copy())
     if ":" not in dataset:
         raise DataError(
             f"data.args.dataset {dataset!r}: unknown dataset (built-in: "

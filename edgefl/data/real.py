@@ -1,0 +1,102 @@
+"""Real datasets that need no download, for the ``partition`` source (extra ``edgefl[real]``).
+
+* ``"digits"``: scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes),
+  read from the copy inside the scikit-learn package. Features ``(1, 8, 8)`` float32, the
+  pixel counts 0..16 scaled to 0..1.
+* ``"mnist1d"``: MNIST-1D (Greydanus 2020), regenerated offline from the package's ten
+  templates with its fixed generation seed (42 by default, the published dataset's), never
+  by its ``get_dataset`` (which may download a pickle). Features ``(40,)`` float32.
+
+Neither dataset has writer ids, so there is no natural per-writer split: use a partitioner.
+Both are fixed datasets (independent of the run seed); the run seed picks the held-out test
+part and the partition. Each is built once per process and cached.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+
+from edgefl.data._args import Args
+from edgefl.errors import DataError
+
+REAL_DATASETS = ("digits", "mnist1d")
+MNIST1D_ARGS = ["num_samples", "seed"]
+INSTALL_HINT = "pip install 'edgefl[real]'"
+
+_CACHE: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _missing(dataset: str, package: str, exc: ImportError) -> DataError:
+    return DataError(
+        f"data.args.dataset {dataset!r} needs the package {package!r}, which is not "
+        f"installed ({type(exc).__name__}): {INSTALL_HINT}"
+    )
+
+
+def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The 1,797 digits as ``x`` float32 ``(1797, 1, 8, 8)`` in 0..1 and ``y`` int64."""
+    key = ("digits",)
+    if key not in _CACHE:
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError as exc:
+            raise _missing("digits", "scikit-learn", exc) from None
+        bunch = load_digits()
+        x = (np.asarray(bunch.images, dtype=np.float64) / 16.0).astype(np.float32)
+        x = x.reshape(-1, 1, 8, 8)
+        y = np.asarray(bunch.target, dtype=np.int64)
+        x.flags.writeable = False
+        y.flags.writeable = False
+        _CACHE[key] = (x, y)
+    return _CACHE[key]
+
+
+def load_mnist1d_arrays(num_samples: int = 5000, seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-1D regenerated from the templates: ``x`` float32 ``(n, 40)``, ``y`` int64.
+
+    ``n`` is ``num_samples`` rounded down to a multiple of 10 (balanced classes). The
+    package's train and test parts are concatenated in its order (the ``partition`` source
+    holds out its own stratified test part). The package seeds Python's and numpy's global
+    random generators; their states are restored afterwards.
+    """
+    key = ("mnist1d", int(num_samples), int(seed))
+    if key not in _CACHE:
+        try:
+            from mnist1d.data import get_dataset_args, make_dataset
+        except ImportError as exc:
+            raise _missing("mnist1d", "mnist1d", exc) from None
+        args = get_dataset_args()
+        args.num_samples = int(num_samples)
+        args.seed = int(seed)
+        py_state, np_state = random.getstate(), np.random.get_state()
+        try:
+            data = make_dataset(args)
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+        x = np.concatenate([data["x"], data["x_test"]]).astype(np.float32)
+        y = np.concatenate([data["y"], data["y_test"]]).astype(np.int64)
+        x.flags.writeable = False
+        y.flags.writeable = False
+        _CACHE[key] = (x, y)
+    return _CACHE[key]
+
+
+def load_real(dataset: str, dataset_args: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` of the built-in real dataset ``dataset`` (one of :data:`REAL_DATASETS`)."""
+    prefix = "data.args.dataset_args"
+    if dataset == "digits":
+        if dataset_args:
+            raise DataError(
+                f"{prefix}: dataset 'digits' takes no arguments, got {', '.join(dataset_args)}"
+            )
+        return load_digits_arrays()
+    if dataset == "mnist1d":
+        a = Args("partition", dataset_args, MNIST1D_ARGS, prefix=prefix)
+        return load_mnist1d_arrays(
+            num_samples=a.integer("num_samples", 5000, lo=10), seed=a.integer("seed", 42, lo=0)
+        )
+    raise DataError(f"data.args.dataset {dataset!r}: not a real dataset {REAL_DATASETS}")

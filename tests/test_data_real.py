@@ -1,0 +1,201 @@
+"""The real no-download datasets ``digits`` and ``mnist1d`` of the ``partition`` source, and
+the federated HDF5 export (``export_fedh5``, ``edgefl data export``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import socket
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from edgefl.cli import main
+from edgefl.data import export_fedh5, load_federated, read_fedh5_clients
+from edgefl.data import real as real_mod
+from edgefl.data.partition import SCHEMES
+from edgefl.errors import DataError
+from edgefl.models.build import build_model
+
+DATASETS = ("digits", "mnist1d")
+N_TOTAL = {"digits": 1797, "mnist1d": 5000}
+SHAPE = {"digits": (1, 8, 8), "mnist1d": (40,)}
+
+
+@pytest.fixture(autouse=True)
+def _need_real_extra(request):
+    if request.node.originalname == "test_missing_extra_is_one_line":
+        return
+    missing = [m for m in ("sklearn", "mnist1d") if importlib.util.find_spec(m) is None]
+    if missing:  # the test extra includes them, like MPI: fail, do not skip
+        pytest.fail(f"missing {missing}: install with pip install -e '.[mpi,test]'")
+
+
+def _fd(dataset: str, num_devices: int = 5, seed: int = 0, **args):
+    return load_federated("partition", {"dataset": dataset, **args}, num_devices, seed)
+
+
+def _arrays(fd, k):
+    x, y = fd.train(k).tensors
+    return x.numpy(), y.numpy()
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_shapes_dtypes_labels(dataset):
+    fd = _fd(dataset)
+    assert fd.info.input_shape == SHAPE[dataset]
+    assert fd.info.num_classes == 10
+    assert (fd.info.task, fd.info.input_dtype) == ("classification", "float32")
+    xs = [fd.train(k).tensors[0] for k in range(5)] + [fd.test().tensors[0]]
+    ys = [fd.train(k).tensors[1] for k in range(5)] + [fd.test().tensors[1]]
+    x, y = torch.cat(xs), torch.cat(ys)
+    assert x.dtype == torch.float32 and y.dtype == torch.int64
+    assert tuple(x.shape) == (N_TOTAL[dataset], *SHAPE[dataset])
+    assert sorted(torch.unique(y).tolist()) == list(range(10))
+    assert torch.isfinite(x).all()
+    if dataset == "digits":
+        assert float(x.min()) == 0.0 and float(x.max()) == 1.0  # pixels 0..16 -> 0..1
+    else:
+        assert torch.bincount(y).tolist() == [500] * 10  # balanced by construction
+    # stratified default test_fraction 0.2: 20% of every class held out
+    assert len(fd.test()) == {"digits": 359, "mnist1d": 1000}[dataset]
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+@pytest.mark.parametrize("model", ["mlp", "logreg", "cnn"])
+def test_builtin_models_accept(dataset, model):
+    fd = _fd(dataset, num_devices=2)
+    if model == "cnn" and dataset == "mnist1d":
+        pytest.skip("the CNN needs image input")
+    net = build_model(model, fd.info, {}, 0)
+    x = fd.train(0).tensors[0][:4]
+    assert net(x).shape == (4, 10)
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_determinism_and_seed(dataset):
+    a, b = _fd(dataset, seed=3, scheme="dirichlet"), _fd(dataset, seed=3, scheme="dirichlet")
+    c = _fd(dataset, seed=4, scheme="dirichlet")
+    for k in range(5):
+        for u, v in zip(_arrays(a, k), _arrays(b, k), strict=True):
+            np.testing.assert_array_equal(u, v)
+    np.testing.assert_array_equal(a.test().tensors[0].numpy(), b.test().tensors[0].numpy())
+    assert [a.num_samples(k) for k in range(5)] != [c.num_samples(k) for k in range(5)]
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_partitioner(dataset, scheme):
+    n = 8
+    fd = _fd(dataset, num_devices=n, seed=1, scheme=scheme, alpha=0.3, shards_per_device=2)
+    sizes = [fd.num_samples(k) for k in range(n)]
+    assert min(sizes) >= 1
+    assert sum(sizes) + len(fd.test()) == N_TOTAL[dataset]
+    # disjoint and complete: the devices' rows are the training rows, each once
+    got = torch.cat([fd.train(k).tensors[0] for k in range(n)]).flatten(1).numpy()
+    want = fd._x_train.flatten(1).numpy()
+    np.testing.assert_array_equal(got[np.lexsort(got.T)], want[np.lexsort(want.T)])
+    if scheme == "shards":
+        for k in range(n):
+            # 16 shards over 10 classes: a shard holds at most two labels, a device four
+            assert len(torch.unique(fd.train(k).tensors[1])) <= 4
+    if scheme == "iid":
+        assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_device_data_independent_of_rank_layout(dataset):
+    """A rank that builds only device k gets what a rank building every device gets."""
+    n = 6
+    everything = _fd(dataset, num_devices=n, seed=2, scheme="shards")
+    full = [_arrays(everything, k) for k in range(n)]
+    for k in (n - 1, 0, 3):  # fresh datasets, one device each, out of order
+        alone = _fd(dataset, num_devices=n, seed=2, scheme="shards")
+        for u, v in zip(_arrays(alone, k), full[k], strict=True):
+            np.testing.assert_array_equal(u, v)
+
+
+def test_fresh_build_needs_no_network_and_keeps_global_rng(monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket, "socket", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(real_mod, "_CACHE", {})  # really regenerate, not the cached copy
+    random.seed(7)
+    np.random.seed(7)
+    before = (random.random(), np.random.random())
+    random.seed(7)
+    np.random.seed(7)
+    x, y = real_mod.load_mnist1d_arrays(num_samples=300)
+    after = (random.random(), np.random.random())
+    assert before == after  # the package's set_seed did not leak into the global state
+    assert x.shape == (300, 40) and y.tolist().count(0) == 30
+    again = real_mod.load_mnist1d_arrays(num_samples=300)
+    assert again[0] is x  # cached per process
+    fd = _fd("digits", num_devices=3)
+    assert len(fd.train(2)) > 0
+
+
+def test_mnist1d_generation_is_deterministic(monkeypatch):
+    x1, y1 = real_mod.load_mnist1d_arrays(num_samples=200)
+    monkeypatch.setattr(real_mod, "_CACHE", {})
+    x2, y2 = real_mod.load_mnist1d_arrays(num_samples=200)
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(y1, y2)
+    x3, _ = real_mod.load_mnist1d_arrays(num_samples=200, seed=43)
+    assert not np.array_equal(x1, x3)
+
+
+@pytest.mark.parametrize(("dataset", "module"), [("digits", "sklearn"), ("mnist1d", "mnist1d")])
+def test_missing_extra_is_one_line(monkeypatch, dataset, module):
+    monkeypatch.setattr(real_mod, "_CACHE", {})
+    for name in list(sys.modules):
+        if name == module or name.startswith(module + "."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, module, None)  # import now raises ImportError
+    with pytest.raises(DataError) as err:
+        _fd(dataset)
+    msg = str(err.value)
+    assert "\n" not in msg and "pip install 'edgefl[real]'" in msg and dataset in msg
+
+
+def test_bad_dataset_args():
+    with pytest.raises(DataError, match="takes no arguments"):
+        _fd("digits", dataset_args={"samples": 3})
+    with pytest.raises(DataError, match="unknown arg"):
+        _fd("mnist1d", dataset_args={"samples": 3})
+
+
+def test_fedh5_round_trip(tmp_path):
+    n, seed = 11, 5
+    fd = _fd("digits", num_devices=n, seed=seed, scheme="dirichlet", alpha=0.5)
+    out, test_out = tmp_path / "digits.h5", tmp_path / "digits_test.h5"
+    ids = export_fedh5(fd, out, test_out)
+    assert read_fedh5_clients(out) == ids == [f"{k:02d}" for k in range(n)]
+    back = load_federated("fedh5", {"path": str(out), "test_path": str(test_out)}, n, seed)
+    assert back.info == fd.info
+    for k in range(n):
+        for u, v in zip(_arrays(back, k), _arrays(fd, k), strict=True):
+            np.testing.assert_array_equal(u, v)
+    for u, v in zip(back.test().tensors, fd.test().tensors, strict=True):
+        torch.testing.assert_close(u, v, rtol=0, atol=0)
+
+
+def test_cli_export(tmp_path, capsys):
+    out = tmp_path / "m1d.h5"
+    sets = ["data.source=partition", "data.args.dataset=mnist1d", "data.args.scheme=quantity"]
+    argv = ["data", "export", "--out", str(out), "--devices", "4"]
+    argv += [a for s in sets for a in ("--set", s)]
+    assert main(argv) == 0
+    assert "wrote 4 clients (4000 training examples)" in capsys.readouterr().out
+    fd = _fd("mnist1d", num_devices=4, scheme="quantity")
+    with h5py.File(out, "r") as f:
+        assert sorted(f["examples"]) == ["0", "1", "2", "3"]
+        for k in range(4):
+            np.testing.assert_array_equal(f[f"examples/{k}/pixels"][()], _arrays(fd, k)[0])
+            np.testing.assert_array_equal(f[f"examples/{k}/label"][()], _arrays(fd, k)[1])
+    assert main(["data", "export", "--out", str(out), "--set", "data.args.dataset=nope"]) == 2
