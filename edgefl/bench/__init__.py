@@ -17,9 +17,12 @@ BENCHES = (
     "hermes",
     "gddr",
     "cdgrab",
+    "fedavg",
     "faults",
     "ps",
     "drift",
+    "startup",
+    "scale",
 )
 
 

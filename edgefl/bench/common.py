@@ -85,3 +85,40 @@ def fleet_sets(args) -> list[str]:
         "run.checkpoint_every=0",
         "output.progress=quiet",
     ]
+
+
+# the real datasets of the ``partition`` source (docs/real-data.md) that benchmarks accept
+# as ``--data``; "synthetic" keeps each benchmark's generated task
+DATA_CHOICES = ("synthetic", "digits", "mnist1d")
+
+
+def add_data_arg(p, choices: tuple[str, ...] = DATA_CHOICES, default: str = "synthetic") -> None:
+    """The ``--data`` option: the benchmark's generated task or a real dataset."""
+    p.add_argument(
+        "--data",
+        choices=choices,
+        default=default,
+        help=f"dataset: {', '.join(choices)} (real ones need pip install 'edgefl[real]')",
+    )
+
+
+def real_data_sets(dataset: str, scheme: str = "iid") -> list[str]:
+    """``--set`` overrides selecting a real dataset of the ``partition`` source.
+
+    Replaces the whole ``data.args`` table (the default synthetic source's arguments mean
+    nothing to ``partition``). Fails with one line before anything launches when the
+    extra ``edgefl[real]`` is missing.
+    """
+    from ..data.real import load_digits_arrays, load_mnist1d_arrays
+    from ..errors import DataError
+
+    try:
+        (load_digits_arrays if dataset == "digits" else load_mnist1d_arrays)()
+    except DataError as e:
+        raise SystemExit(f"edgefl: error: {e}") from None
+    return ["data.source=partition", f'data.args={{dataset = "{dataset}", scheme = "{scheme}"}}']
+
+
+def paper_line(text: str) -> None:
+    """Print the paper's figure that a benchmark row stands beside."""
+    print(f"# paper: {text}", flush=True)

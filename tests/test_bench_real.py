@@ -1,0 +1,130 @@
+"""The ``--data digits|mnist1d`` parts of the benchmarks, without MPI: the config overrides
+they pass, the verdict lines against the papers' figures, the MNIST-1D ordering task and the
+centralized baseline of ``edgefl bench fedavg``."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from edgefl.bench import cdgrab, fedavg, gddr, hermes
+from edgefl.bench.common import real_data_sets
+from edgefl.config import dump_config, load_config
+from edgefl.data import load_federated
+
+
+@pytest.mark.parametrize("dataset,train", [("digits", 1438), ("mnist1d", 4000)])
+def test_real_data_sets_select_the_partition_source(dataset: str, train: int):
+    sets = real_data_sets(dataset)
+    cfg = load_config(overrides=[*sets, "fleet.devices=6"])
+    assert cfg["data"]["source"] == "partition"
+    assert cfg["data"]["args"] == {"dataset": dataset, "scheme": "iid"}
+    fd = load_federated("partition", cfg["data"]["args"], 6, 0)
+    assert sum(len(fd.train(k)) for k in range(6)) == train
+
+
+def test_real_data_sets_missing_extra_is_one_line(monkeypatch):
+    from edgefl.data import real
+
+    monkeypatch.setattr(real, "_CACHE", {})
+    monkeypatch.setitem(__import__("sys").modules, "sklearn.datasets", None)
+    with pytest.raises(SystemExit, match=r"edgefl\[real\]") as e:
+        real_data_sets("digits")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("mod", [hermes, gddr, fedavg, cdgrab])
+def test_each_bench_takes_data(mod):
+    p = argparse.ArgumentParser()
+    mod.add_args(p)
+    real = "mnist1d" if mod is cdgrab else "digits"
+    assert p.parse_args(["--data", real]).data == real
+    with pytest.raises(SystemExit):
+        p.parse_args(["--data", "cifar"])
+
+
+def _row(system: str, speedup: float | None, bytes_vs_bsp: float | None) -> dict:
+    return {
+        "system": system,
+        "speedup_vs_bsp": speedup,
+        "bytes_vs_bsp": bytes_vs_bsp,
+        "messages": 10,
+        "cv_first": 0.5,
+        "cv_last": 0.1,
+        "cv_settled": 0.05,
+    }
+
+
+def test_hermes_verdict_against_the_paper(capsys):
+    rows = [
+        _row("bsp", 1.0, 1.0),
+        _row("asp", 4.0, 1.0),
+        _row("hermes-a-0.9", 14.0, 0.35),  # 65% fewer bytes, 14x: met
+        _row("hermes-a-1.3", 14.0, 0.45),  # 55% fewer: not met
+        _row("hermes-a-1.6", None, None),  # never reached the target
+        _row("hermes-a-2", 14.0, 1.5),  # 50% more bytes than BSP
+    ]
+    hermes._verdict(rows, real=True)
+    lines = [x for x in capsys.readouterr().out.splitlines() if "vs paper" in x]
+    assert len(lines) == 4
+    assert lines[3].endswith("NOT MET") and "50.0% more than BSP's" in lines[3]
+    assert lines[0].endswith(": MET") and "65.0% fewer than BSP's" in lines[0]
+    assert lines[1].endswith("NOT MET") and "55.0% fewer" in lines[1]
+    assert lines[2].endswith("NOT MET") and "speedup -x" in lines[2] and "never" in lines[2]
+
+
+def test_hermes_verdict_synthetic_has_no_paper_line(capsys):
+    hermes._verdict([_row("asp", 4.0, 1.0), _row("hermes-a-1", 14.0, 0.35)], real=False)
+    assert "vs paper" not in capsys.readouterr().out
+
+
+def test_mnist1d_ordering_task_is_an_iid_split_fixed_by_the_seed():
+    spec = cdgrab.TASKS["mnist1d"]
+    x, y, info, n = cdgrab._task_data(spec, 16, 0, 4000)
+    assert tuple(x.shape) == (4000, 40) and n == 250 and info.num_classes == 10
+    assert sorted(np.unique(y.numpy()).tolist()) == list(range(10))
+    x2, y2, _, _ = cdgrab._task_data(spec, 16, 0, 4000)
+    assert np.array_equal(x.numpy(), x2.numpy()) and np.array_equal(y.numpy(), y2.numpy())
+    x3, _, _, _ = cdgrab._task_data(spec, 16, 1, 4000)
+    assert not np.array_equal(x.numpy(), x3.numpy())  # another seed, another shuffle
+    # every worker's shard holds most classes (IID), not one class
+    shard = y.numpy()[:n]
+    assert len(np.unique(shard)) == 10
+
+
+def test_fedavg_centralized_baseline_learns_digits(tmp_path):
+    cfg = load_config(
+        overrides=[
+            *real_data_sets("digits"),
+            *fedavg.RECIPES["digits"],
+            "model.name=logreg",  # (the CNN of the recipe takes seconds per epoch)
+            "fleet.devices=4",
+            "seed=3",
+        ]
+    )
+    (tmp_path / "config.toml").write_text(dump_config(cfg))
+    acc = fedavg.centralized_accuracy(tmp_path, rounds=1, local_epochs=2)
+    assert 0.8 < acc <= 1.0  # 2 epochs over the 1,438 training digits; chance is 0.1
+
+
+def _ord(m: int, ordering: str, seed: int, losses: list[float]) -> dict:
+    return {"task": "mnist1d", "workers": m, "ordering": ordering, "seed": seed,
+            "train_loss_by_epoch": losses}  # fmt: skip
+
+
+def test_cdgrab_paper_check_pairs_seeds_and_counts_epochs():
+    rows = [
+        _ord(4, "rr", 0, [1.0, 0.8, 0.6]),
+        _ord(4, "cd-grab", 0, [1.0, 0.7, 0.59]),  # below at 2 of 3, final gap 0.01
+        _ord(32, "rr", 0, [1.0, 0.9, 0.8]),
+        _ord(32, "cd-grab", 0, [1.0, 0.8, 0.7]),  # final gap 0.1: grows
+    ]
+    (line,) = cdgrab.paper_check(rows)
+    assert "m=4: below at 2/3 epochs, final gap +0.0100" in line
+    assert "m=32: below at 2/3 epochs, final gap +0.1000" in line
+    assert line.endswith("gap grows from m=4 to m=32")
+    rows[3]["train_loss_by_epoch"] = [1.0, 0.95, 0.85]  # worse than D-RR at m=32
+    (line,) = cdgrab.paper_check(rows)
+    assert "below at 0/3" in line and "does NOT grow" in line
