@@ -12,6 +12,7 @@ import importlib
 # module names, in the order ``edgefl bench --help`` lists them
 BENCHES = (
     "transport",
+    "staging",
     "rounds",
     "consistency",
     "hermes",

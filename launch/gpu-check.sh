@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The GPU checks in one go, for a machine with a CUDA GPU (docs/cluster.md, "GPU check"):
+#
+#   launch/gpu-check.sh [OUT_DIR]        # default runs/gpu-check
+#
+# 1. what torch sees (torch and CUDA versions, the GPUs);
+# 2. `edgefl bench staging`: a CUDA worker's push (device-to-host staging into pinned memory
+#    + edgefl's UPDATE push) against raw mpi4py doing the same staging and an Isend;
+# 3. one job mixing a CUDA worker and CPU workers (device 0 on cuda:0, the others on cpu),
+#    the same job all on CPU, and the model hashes of both compared (equal only where the
+#    arithmetic allows: float32 sums on a GPU are ordered differently, so the script also
+#    prints the largest difference between the two final models).
+#
+# GPU_CHECK_DEVICE=cpu runs every step with "cpu" in place of "cuda" (a dry run of the script
+# on a machine without a GPU; it measures nothing about GPUs).
+#
+# Exit status: 0 all ran, 3 no CUDA device visible to torch (nothing was checked), else the
+# status of the step that failed. Which edgefl runs: $EDGEFL, else `edgefl` on PATH, else
+# .venv/bin/edgefl of this checkout; python is the one next to it.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+if [[ -n "${EDGEFL:-}" ]]; then
+  edgefl="$EDGEFL"
+elif command -v edgefl >/dev/null 2>&1; then
+  edgefl="$(command -v edgefl)"
+elif [[ -x "$repo/.venv/bin/edgefl" ]]; then
+  edgefl="$repo/.venv/bin/edgefl"
+else
+  echo "gpu-check.sh: edgefl not found: activate the virtualenv, or set EDGEFL=/path/to/edgefl" >&2
+  exit 2
+fi
+python="$(dirname "$edgefl")/python"
+[[ -x "$python" ]] || python="$(command -v python3)"
+out="${1:-runs/gpu-check}"
+dev="${GPU_CHECK_DEVICE:-cuda}"
+mkdir -p "$out"
+
+echo "== 1. torch and the GPUs"
+if ! "$python" - "$dev" <<'EOF'
+import sys
+
+import torch
+
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+if sys.argv[1] == "cpu":
+    sys.exit(0)
+if not torch.cuda.is_available():
+    sys.exit(3)
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"cuda:{i}: {p.name}, {p.total_memory / 2**30:.1f} GiB")
+EOF
+then
+  echo "gpu-check.sh: torch sees no CUDA device here (torch.cuda.is_available() is False): nothing was checked" >&2
+  exit 3
+fi
+
+echo "== 2. host staging: edgefl push from a CUDA worker vs raw mpi4py"
+"$edgefl" bench staging --device "$dev" --json "$out/staging.json"
+
+echo "== 3. a CUDA worker among CPU workers, and the same job on CPU only"
+job=(--set fleet.devices=4 --set fleet.ranks=3 --set run.rounds=10 --set model.name=logreg
+     --set output.progress=quiet --set run.checkpoint_every=0)
+rm -rf "$out/mixed" "$out/cpu"
+"$edgefl" simulate --out "$out/mixed" "${job[@]}" --set fleet.device=cpu \
+  --set "fleet.device_map={\"0\" = \"$([[ $dev == cpu ]] && echo cpu || echo cuda:0)\"}"
+"$edgefl" simulate --out "$out/cpu" "${job[@]}" --set fleet.device=cpu
+"$python" - "$out" <<'EOF'
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+out = Path(sys.argv[1])
+s = {k: json.loads((out / k / "summary.json").read_text()) for k in ("mixed", "cpu")}
+for k, v in s.items():
+    print(f"{k}: final accuracy {v['final_accuracy']:.4f}, model_sha256 {v['model_sha256']}")
+models = {k: torch.load(out / k / "final_model.pt", map_location="cpu") for k in s}
+diff = max(
+    (models["mixed"][n].float() - models["cpu"][n].float()).abs().max().item()
+    for n in models["cpu"]
+)
+same = s["mixed"]["model_sha256"] == s["cpu"]["model_sha256"]
+print(f"model hash equal: {'yes' if same else 'no'}; largest parameter difference {diff:.3g}")
+EOF
+echo "gpu-check.sh: done; results in $out"
