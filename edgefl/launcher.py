@@ -28,6 +28,9 @@ COMPLETED, USER_ERROR, STOPPED, INTERRUPTED = 0, 2, 3, 130
 KILLED = 128  # + the signal number
 # set in every rank's environment: "<pid of the launching process>:<launch id>"
 LAUNCHER_ENV = "EDGEFL_LAUNCHER"
+# set by `edgefl simulate` when it starts the ranks before its pre-launch check is done: a
+# file that exists once the job may start (edgefl.cli.cmd_run waits for it)
+GATE_ENV = "EDGEFL_GATE"
 GRACE_S = 3.0  # after SIGTERM, seconds mpiexec and the ranks get before SIGKILL
 
 
@@ -65,6 +68,10 @@ class Launcher:
                 flags.append("--oversubscribe")
             if ulfm and self.supports_ulfm():
                 flags += ["--with-ft", "ulfm"]
+            if "OMPI_MCA_btl" not in os.environ:
+                # every rank is on this machine: shared memory only. Without this each
+                # MPI_Init also sets up the TCP transport, about 1 s here (the PyPI build)
+                flags += ["--mca", "btl", "self,sm" if self.major >= 5 else "self,vader"]
         elif ulfm and self.flavor in ("mpich", "intel"):
             # no ULFM: keep the survivors alive (edgefl.rankwrap) and detect by time-outs
             flags.append("-disable-auto-cleanup")
@@ -203,22 +210,30 @@ class Supervisor:
     Linux) get ``GRACE_S`` to exit, then SIGKILL. If this process is SIGKILLed itself, the
     ranks notice within a second (:class:`edgefl.rankwrap.RankGuard`) and exit.
 
+    Not ``armed`` (``edgefl simulate`` while rank 0 checks the job and the other ranks wait,
+    :func:`edgefl.api.launch_checked`), a stop signal raises KeyboardInterrupt instead, and
+    the caller ends everything with :meth:`abandon`: nothing of the run exists yet.
+
     Args:
         env: the ranks' environment (:func:`child_env`).
         status_file: the run directory's ``exit_status``.
+        armed: whether the run has started (see above).
     """
 
     SIGNALS = tuple(
         getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)
     )
 
-    def __init__(self, env: dict[str, str], status_file: Path) -> None:
+    def __init__(self, env: dict[str, str], status_file: Path, armed: bool = True) -> None:
         self.env = env
         self.status_file = status_file
         self.proc: subprocess.Popen | None = None
         self.signum = 0  # the first stop signal received
         self.kill_at: float | None = None
         self._old: dict[int, object] = {}
+        # False while the ranks wait for the pre-launch check (GATE_ENV): nothing of the
+        # run exists yet, so a stop signal raises KeyboardInterrupt here (see abandon)
+        self.armed = armed
 
     def start(self, cmd: list[str], **popen: object) -> subprocess.Popen:
         """Start ``cmd`` (stdin from /dev/null, its own session); handlers installed."""
@@ -240,6 +255,9 @@ class Supervisor:
         return self.proc
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        if not self.armed:  # (the check is under way: the caller abandons the ranks)
+            self.signum = self.signum or signum
+            raise KeyboardInterrupt
         if self.signum:  # a second signal: no more grace
             self._kill()
             return
@@ -280,6 +298,16 @@ class Supervisor:
         if self.signum or code != 0:
             end_leftovers(self.env.get(LAUNCHER_ENV, ""))
         return code
+
+    def abandon(self) -> None:
+        """End at once a job whose pre-launch check failed (or was interrupted) while its
+        ranks waited at the gate: mpiexec and every rank SIGKILLed (none has done or
+        printed anything yet), handlers restored."""
+        self._kill()
+        if self.proc is not None:
+            self.proc.wait()
+        self.restore()
+        end_leftovers(self.env.get(LAUNCHER_ENV, ""), grace_s=0.0)
 
     def restore(self) -> None:
         """Put the previous signal handlers back."""

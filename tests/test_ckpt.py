@@ -460,3 +460,45 @@ def test_round_trip_property(tmp_path, state):
 def test_write_into_missing_directory(tmp_path):
     with pytest.raises(CheckpointError, match="no_dir/c.h5': cannot write"):
         save_checkpoint(tmp_path / "no_dir" / "c.h5", {"a": 1})
+
+
+def test_table_of_rows_round_trip(tmp_path, monkeypatch):
+    """A group of many alike sub-groups (a large fleet's devices/<id>) is stored as a few
+    column datasets (format_version 2) and reads back as the very same nodes and values."""
+    from edgefl.ckpt.plan import plan_state
+
+    monkeypatch.setattr(store, "TABLE_MIN_ROWS", 4)
+    rows = {
+        str(d): {"rank": 1 + d % 2, "torch": "cpu" * (d % 3), "time_s": d / 7, "ok": d > 2,
+                 "none": None, "ids": [d, "x"], "big": 2**70 + d, "raw": bytes(d),
+                 "arr": np.arange(3, dtype=np.float32) + d, "sub": {"s": np.int16(d)}}
+        for d in range(6)
+    }  # fmt: skip
+    state = {"devices": rows, "mixed": {str(i): {"a": i} if i else {"b": 0} for i in range(5)},
+             "few": {"0": {"a": 1}}}  # fmt: skip
+    path = tmp_path / "t.h5"
+    save_checkpoint(path, state)
+    with h5py.File(path, "r") as f:
+        assert int(f.attrs["format_version"]) == 2
+        assert int(f["devices"].attrs["table_rows"]) == 6 and "0" not in f["devices"]
+        assert "table_rows" not in f["mixed"].attrs  # unlike rows: one group per row
+    ck = store.read_checkpoint(path)
+    assert_same(state, ck.state)
+    assert ck.format_version == 2 and "format_version 2" in describe_checkpoint(path)
+    want = plan_state(state)
+    assert [(n.names, n.kind) for n in ck.nodes] == [(n.names, n.kind) for n in want]
+    for a, b in zip(ck.nodes, want):
+        if b.data is not None:
+            assert (a.data.dtype, a.data.shape, a.data.tobytes()) == (
+                b.data.dtype, b.data.shape, b.data.tobytes())  # fmt: skip
+
+    def flip(f):
+        col = f["devices/%c2"]  # time_s
+        col[3] = -1.0
+
+    edit_h5(path, flip)
+    with pytest.raises(CheckpointError, match="'/devices/%c2' is corrupt"):
+        load_checkpoint(path)
+    save_checkpoint(path, {"devices": {str(d): {"a": d} for d in range(3)}})
+    with h5py.File(path, "r") as f:  # too few rows: the plain layout, version 1
+        assert int(f.attrs["format_version"]) == FORMAT_VERSION == 1 and "0" in f["devices"]

@@ -41,7 +41,7 @@ def test_synthetic_deterministic_and_seed_sensitive() -> None:
 def test_synthetic_device_independence() -> None:
     alone = load_federated("synthetic", {}, 10, seed=3)
     d3_alone = alone.train(3)
-    assert set(alone._train) == {3} and set(alone._params) == {3}  # nothing else was built
+    assert set(alone._train) == {3} and set(alone._sizes) == {3}  # nothing else was built
     after = load_federated("synthetic", {}, 10, seed=3)
     for k in range(3):
         after.train(k)

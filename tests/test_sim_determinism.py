@@ -68,3 +68,18 @@ def test_different_seed_changes_the_run(tmp_path):
     a = edgefl.simulate(overrides=sets, out=tmp_path / "a", backend="inline")
     b = edgefl.simulate(overrides={**sets, "seed": 1}, out=tmp_path / "b", backend="inline")
     assert a.model_sha256 != b.model_sha256
+
+
+def test_event_lines_are_the_json_of_their_record():
+    """events.jsonl lines are formatted directly (a large fleet writes two per device and
+    round); the text is json.dumps's of the record, whatever the values."""
+    from edgefl.runtime.coordinator import event_line
+
+    cases = [(0.0, "dispatch", 3, 0, 1, {}), (1.5e-7, "apply", -1, -1, 4, {"updates": 3}),
+             (123456.789, "timer", -1, -1, 2, {"token": 5}), (float("nan"), "x", 1, 1, 1, {}),
+             (0, "x", 1, 1, 1, {}), (1.0, "x", True, 1, 1, {}), (2.0, "lost", 1, 2, 3, {"t": 9}),
+             (1e300, "arrive", 10**6, 7, 0, {"a": 1.5, "b": "x"}),
+             (2.5, "é", 1, 1, 1, {})]  # fmt: skip
+    for now, event, device, task, v, extra in cases:
+        rec = {"t": now, "event": event, "device": device, "task": task, "v": v, **extra}
+        assert event_line(now, event, device, task, v, extra) == json.dumps(rec) + "\n"

@@ -150,3 +150,25 @@ def test_validator_rejects_random_headers_cleanly(kind, device, dtype, nbytes, n
     assert k in (Kind.REGISTER, Kind.UPDATE, Kind.ERROR, Kind.HEARTBEAT)
     if k == Kind.UPDATE:
         assert nbytes == 4 * NUMEL and device == 0
+
+
+def test_validator_forgets_accepted_headers_when_its_state_changes():
+    """Accepted headers are remembered (a stream repeats them); any change of what the
+    checks read makes the next check run in full again."""
+    v = Validator(0, model_numel=NUMEL)
+    v.hosted[1] = frozenset({0})
+    h = decode_header(encode_header(Kind.UPDATE, 0, 1, 0, 0.0, np.zeros(NUMEL, np.float32)))
+    assert v.check(1, h) == Kind.UPDATE and v.check(1, h) == Kind.UPDATE
+    v.hosted[1] = frozenset({2})
+    with pytest.raises(WireError, match="does not host device 0"):
+        v.check(1, h)
+    v.hosted = {1: {0}}  # (a plain dict, a mutable set: kept as a frozenset)
+    assert v.check(1, h) == Kind.UPDATE and v.hosted[1] == frozenset({0})
+    v.model_numel = NUMEL + 1
+    with pytest.raises(WireError, match="model has 51"):
+        v.check(1, h)
+    v.model_numel = NUMEL
+    assert v.check(1, h) == Kind.UPDATE
+    del v.hosted[1]
+    with pytest.raises(WireError, match="before it registered"):
+        v.check(1, h)

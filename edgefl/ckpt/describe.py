@@ -7,7 +7,7 @@ import math
 import os
 
 from edgefl.ckpt.plan import Node, decode_leaf, short_value, unescape_key
-from edgefl.ckpt.store import FORMAT_VERSION, read_checkpoint
+from edgefl.ckpt.store import read_checkpoint
 
 MAX_CHILDREN = 8  # entries listed per nested group before eliding the middle
 MAX_TOP = 40  # entries listed at the top level before eliding
@@ -79,7 +79,7 @@ def describe_checkpoint(path: str | os.PathLike) -> str:
     arrays = [n for n in leaves if n.kind == "ndarray"]
     lines = [f"checkpoint {ck.path}"]
     lines.append(
-        f"  format_version {FORMAT_VERSION}, complete, written {_when(ck.created_unix_s)}, "
+        f"  format_version {ck.format_version}, complete, written {_when(ck.created_unix_s)}, "
         f"file {_size(ck.size)}, sha256 and crc32 verified"
     )
     if ck.content == "run":

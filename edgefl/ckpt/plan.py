@@ -8,6 +8,7 @@ the original Python value; nested dicts become groups. Keys are escaped so that 
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,12 +38,17 @@ class Node:
         return "/" + "/".join(self.names)
 
 
+_PLAIN = re.compile(r"[^%/\x00-\x1f\x7f\ud800-\udfff]+")  # keys that need no escape
+
+
 def escape_key(key: str) -> str:
     """HDF5 link name for dict key ``key`` ('%', '/', control chars and '.' escaped)."""
     if key == "":
         return _EMPTY_KEY
     if key == ".":
         return "%2E"
+    if _PLAIN.fullmatch(key):
+        return key
     out = []
     for ch in key:
         code = ord(ch)
@@ -82,8 +88,17 @@ def _jsonable_list(value: list, where: str) -> None:
             )
 
 
-def encode_leaf(value: Any, where: str) -> tuple[str, np.ndarray]:
-    """(kind, contiguous array) for one leaf value; TypeError for unsupported values."""
+def encode_leaf(value: Any, where: str | tuple[str, ...]) -> tuple[str, np.ndarray]:
+    """(kind, contiguous array) for one leaf value; TypeError for unsupported values.
+    ``where`` (the key path, or its link names) names the leaf in errors."""
+    if isinstance(where, tuple):  # (joined only for an error: this runs for every leaf)
+        if isinstance(value, (bool, int, float, str, type(None))):
+            return _encode(value, "")
+        where = "/" + "/".join(where)
+    return _encode(value, where)
+
+
+def _encode(value: Any, where: str) -> tuple[str, np.ndarray]:
     if value is None:
         return "none", np.zeros(0, dtype=np.uint8)
     if isinstance(value, bool):
@@ -159,7 +174,7 @@ def _walk(d: dict[str, Any], names: tuple[str, ...]) -> Iterator[Node]:
             yield Node(child, "group")
             yield from _walk(value, child)
         else:
-            kind, arr = encode_leaf(value, "/" + "/".join(child))
+            kind, arr = encode_leaf(value, child)
             yield Node(child, kind, arr)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -52,16 +51,24 @@ class BufferPool:
             free.append(arr)
 
 
+class Tally(dict):
+    """A count per key, 0 for a key never counted (like :class:`collections.Counter` when
+    read, but ``tally[k] += 1`` costs half as much: it runs on every message)."""
+
+    def __missing__(self, key: int) -> int:
+        return 0
+
+
 class Stats:
     """Per-peer counters of messages and payload+header bytes, both directions."""
 
     def __init__(self) -> None:
-        self.msgs_sent: Counter[int] = Counter()
-        self.bytes_sent: Counter[int] = Counter()
-        self.msgs_recv: Counter[int] = Counter()
-        self.bytes_recv: Counter[int] = Counter()
-        self.rejected: Counter[int] = Counter()
-        self.duplicates: Counter[int] = Counter()
+        self.msgs_sent: Tally = Tally()
+        self.bytes_sent: Tally = Tally()
+        self.msgs_recv: Tally = Tally()
+        self.bytes_recv: Tally = Tally()
+        self.rejected: Tally = Tally()
+        self.duplicates: Tally = Tally()
 
 
 class Transport(ABC):

@@ -37,6 +37,10 @@ HEADER_DTYPE = np.dtype(
 )
 HEADER_BYTES = HEADER_DTYPE.itemsize  # 80
 
+# flags bit 0 (MPI transport): the payload, one float32 chunk, travels on the channel's next
+# model tag (see edgefl.comm.mpi), where the receiver may have posted its receive in advance
+FLAG_POSTED = 1
+
 
 class Kind(enum.IntEnum):
     """The core's message kinds. ``up`` = worker -> coordinator, ``down`` = coordinator ->
@@ -79,6 +83,7 @@ NUMPY_OF = {
     DType.FLOAT16: np.dtype("<f2"),
 }
 _CODE_OF_CHAR = {v.str: int(k) for k, v in NUMPY_OF.items()}
+CODE_OF_DTYPE_STR = _CODE_OF_CHAR  # numpy ``dtype.str`` -> payload dtype code
 
 
 class WireError(ValueError):
@@ -147,6 +152,7 @@ class Header(NamedTuple):
 
 _STRUCT = struct.Struct("<IHHiBBHQqdQ4d")
 assert _STRUCT.size == HEADER_BYTES
+HEADER_STRUCT = _STRUCT  # the layout as a struct.Struct (the MPI transport packs in place)
 
 
 def encode_header(
@@ -236,8 +242,17 @@ def decode_header(buf: np.ndarray | bytes, nbytes: int | None = None) -> Header:
 
 _KINDS: dict[int, Kind | MessageKind] = {int(k): k for k in Kind}
 _DTYPES = {int(d): d for d in DType}
-# per kind code: (kind, spec, allowed dtype codes as ints); enum hashing is a Python call
-_SPEC_OF_CODE = {int(k): (k, s, frozenset(int(d) for d in s.dtypes)) for k, s in SPECS.items()}
+
+
+def _spec_entry(kind, spec: KindSpec) -> tuple:
+    """What :meth:`Validator.check` reads per kind code, as plain values: (kind, spec,
+    allowed dtype codes as ints, 1 = up / -1 = down / 0 = both, payload rule)."""
+    way = {"up": 1, "down": -1}.get(spec.direction, 0)
+    return kind, spec, frozenset(int(d) for d in spec.dtypes), way, spec.payload
+
+
+# per kind code (enum hashing is a Python call, attribute reads cost on every message)
+_SPEC_OF_CODE = {int(k): _spec_entry(k, s) for k, s in SPECS.items()}
 
 
 class MessageKind(int):
@@ -274,7 +289,7 @@ def register_kind(
     spec = KindSpec(direction, frozenset(dtypes), payload)
     SPECS[kind] = spec  # type: ignore[index]
     _KINDS[int(code)] = kind
-    _SPEC_OF_CODE[int(code)] = (kind, spec, frozenset(int(d) for d in spec.dtypes))
+    _SPEC_OF_CODE[int(code)] = _spec_entry(kind, spec)
     return kind
 
 
@@ -295,6 +310,53 @@ _UNCHECKED_DEVICE_KINDS = frozenset(
 )
 
 
+class _Hosted(dict):
+    """``Validator.hosted``: a dict that tells its validator when it changes (the validator
+    remembers the headers it accepted, which depend on it). Values are kept as frozensets,
+    so they cannot change behind its back."""
+
+    def __init__(self, owner: Validator, items=()) -> None:
+        super().__init__()
+        self._owner = owner
+        self.update(items)
+
+    def __setitem__(self, key: int, devices) -> None:
+        super().__setitem__(key, None if devices is None else frozenset(devices))
+        self._owner._accepted.clear()
+
+    def __delitem__(self, key: int) -> None:
+        super().__delitem__(key)
+        self._owner._accepted.clear()
+
+    def update(self, *args, **kw) -> None:
+        for k, v in dict(*args, **kw).items():
+            self[k] = v
+
+    def setdefault(self, key: int, default=frozenset()):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def pop(self, key: int, *default):
+        self._owner._accepted.clear()
+        return super().pop(key, *default)
+
+    def popitem(self):
+        self._owner._accepted.clear()
+        return super().popitem()
+
+    def clear(self) -> None:
+        super().clear()
+        self._owner._accepted.clear()
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+    def __reduce__(self):  # (a plain dict when copied or pickled)
+        return (dict, (dict(self),))
+
+
 class Validator:
     """Checks a decoded header against what the receiver expects.
 
@@ -304,6 +366,10 @@ class Validator:
             0 = not known yet (any length accepted).
         max_payload_bytes: the largest payload accepted for ``"any"`` kinds (bytes).
         chunk_bytes: the sender's chunk size (bytes), to check ``nchunks``.
+
+    Headers accepted are remembered by the fields the checks read (a message stream repeats
+    the same few), and recognised at the cost of one dict lookup; setting any attribute or
+    changing :attr:`hosted` forgets them all, as the checks depend on those.
     """
 
     def __init__(
@@ -313,6 +379,8 @@ class Validator:
         max_payload_bytes: int = 1 << 34,
         chunk_bytes: int = 1 << 30,
     ) -> None:
+        # (src, kind code, device, dtype code, nchunks, nbytes) -> kind, of accepted headers
+        self._accepted: dict[tuple[int, int, int, int, int, int], Kind | MessageKind] = {}
         self.rank = rank
         self.model_numel = model_numel
         self.max_payload_bytes = max_payload_bytes
@@ -322,34 +390,58 @@ class Validator:
         self.hosted: dict[int, frozenset[int]] = {}
         self._last_seq: dict[tuple[int, int, int], int] = {}
 
+    def __setattr__(self, name: str, value) -> None:
+        if name == "hosted":
+            value = _Hosted(self, value)
+        object.__setattr__(self, name, value)
+        self._accepted.clear()
+
     def check(self, src: int, h: Header) -> Kind:
         """Return the message kind, or raise WireError saying why it is rejected."""
-        entry = _SPEC_OF_CODE.get(h.kind)
+        return self.check_fields(src, h.kind, h.device, h.dtype, h.nchunks, h.nbytes)
+
+    def check_fields(
+        self, src: int, code: int, device: int, dtype: int, nchunks: int, nbytes: int
+    ) -> Kind:
+        """:meth:`check` on the header fields it reads (kind code, device, dtype code,
+        nchunks, nbytes), for a transport that decoded them itself."""
+        key = (src, code, device, dtype, nchunks, nbytes)
+        kind = self._accepted.get(key)
+        if kind is None:
+            kind = self._check(src, code, device, dtype, nchunks, nbytes)
+            if len(self._accepted) >= 4096:
+                self._accepted.clear()
+            self._accepted[key] = kind
+        return kind
+
+    def _check(
+        self, src: int, code: int, device: int, dtype: int, nchunks: int, nbytes: int
+    ) -> Kind:
+        entry = _SPEC_OF_CODE.get(code)
         if entry is None:
-            raise WireError(f"unknown kind {h.kind}")
-        kind, spec, allowed = entry
-        direction = spec.direction
-        if direction == "up" and self.rank != 0:
-            raise WireError(f"{kind.name} may only be sent to the coordinator")
-        if direction == "down" and src != 0:
-            raise WireError(f"{kind.name} may only come from the coordinator (rank 0)")
-        code = h.dtype
-        itemsize = _ITEMSIZE.get(code)
-        if itemsize is None and code != DType.NONE:
-            raise WireError(f"unknown dtype code {code}")
-        nbytes = h.nbytes
-        if spec.payload == "none":
-            if code != DType.NONE or nbytes:
+            raise WireError(f"unknown kind {code}")
+        kind, spec, allowed, way, payload = entry
+        if way:
+            if way > 0:
+                if self.rank != 0:
+                    raise WireError(f"{kind.name} may only be sent to the coordinator")
+            elif src != 0:
+                raise WireError(f"{kind.name} may only come from the coordinator (rank 0)")
+        itemsize = _ITEMSIZE.get(dtype)
+        if itemsize is None and dtype != DType.NONE:
+            raise WireError(f"unknown dtype code {dtype}")
+        if payload == "none":
+            if dtype != DType.NONE or nbytes:
                 raise WireError(f"{kind.name} carries no payload, got {nbytes} bytes")
         else:
-            if code not in allowed:
+            if dtype not in allowed:
                 expected = ",".join(d.name.lower() for d in spec.dtypes)
-                got = DType(code).name.lower()
+                got = DType(dtype).name.lower()
                 raise WireError(f"{kind.name} payload dtype {got}, expected {expected}")
             if nbytes == 0 or nbytes % itemsize:
-                got = DType(code).name.lower()
+                got = DType(dtype).name.lower()
                 raise WireError(f"{kind.name} payload of {nbytes} bytes for {got}")
-            if spec.payload == "model" and self.model_numel:
+            if payload == "model" and self.model_numel:
                 if nbytes != self.model_numel * itemsize:
                     raise WireError(
                         f"{kind.name} payload has {nbytes // itemsize} elements, "
@@ -357,20 +449,23 @@ class Validator:
                     )
             if nbytes > self.max_payload_bytes:
                 raise WireError(f"{kind.name} payload of {nbytes} bytes exceeds the maximum")
-            if h.nchunks != -(-nbytes // self.chunk_bytes):
-                raise WireError(f"{h.nchunks} chunks for {nbytes} bytes")
-        if self.rank == 0 and src != 0 and h.kind not in _UNCHECKED_DEVICE_KINDS:
+            if nchunks != -(-nbytes // self.chunk_bytes):
+                raise WireError(f"{nchunks} chunks for {nbytes} bytes")
+        if self.rank == 0 and src != 0 and code not in _UNCHECKED_DEVICE_KINDS:
             hosted = self.hosted.get(src)
             if hosted is None:
                 raise WireError(f"{kind.name} from rank {src} before it registered")
-            if h.device not in hosted:
-                raise WireError(f"rank {src} does not host device {h.device}")
+            if device not in hosted:
+                raise WireError(f"rank {src} does not host device {device}")
         return kind
 
     def is_duplicate(self, src: int, h: Header) -> bool:
         """True when (src, device, kind) already delivered a sequence number >= this one."""
-        key = (src, h.device, h.kind)
-        seq = h.seq
+        return self.seen(src, h.device, h.kind, h.seq)
+
+    def seen(self, src: int, device: int, code: int, seq: int) -> bool:
+        """:meth:`is_duplicate` on the header fields it reads (device, kind code, seq)."""
+        key = (src, device, code)
         if seq <= self._last_seq.get(key, 0):
             return True
         self._last_seq[key] = seq

@@ -1,4 +1,5 @@
-"""Checks of a data source before any MPI rank starts: a memory estimate, then every
+"""Checks of a data source before the job starts (``edgefl simulate``: in rank 0 while the
+other ranks wait, see :func:`edgefl.api.launch_checked`): a memory estimate, then every
 device's training data and the test set.
 
 :func:`edgefl.api.preflight` calls, in this order:
@@ -21,7 +22,7 @@ A device with no training examples is refused for every source (the ``(train, te
 plug-in form, ``partition`` and ``fedh5`` already refuse one while building; this catches
 the ``FederatedDataset`` plug-ins, whose devices are built lazily).
 
-No MPI and nothing written; the only outside reads are the data source itself and
+No MPI calls and nothing written; the only outside reads are the data source itself and
 ``/proc/meminfo`` (plus the cgroup memory files) for :func:`available_memory`.
 """
 

@@ -36,15 +36,17 @@ generic code paths only; it is ``4 * features`` bytes per example).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 from torch.utils.data import Dataset
 
 from edgefl.data._args import Args
 from edgefl.data.base import DataInfo, FederatedDataset, stream_rng
+
+if TYPE_CHECKING:  # (imported where used: every process loads this module, few use scipy)
+    import scipy.sparse as sp
 
 ACCEPTED_ARGS = [
     "features",
@@ -169,6 +171,8 @@ class ClicksFederated(FederatedDataset):
         feats = np.where(local, (ranks + offset) % self.features, ranks).astype(np.int32)
         rows = np.repeat(np.arange(n, dtype=np.int32), self.nnz_per_example)
         ones = np.ones(draws, np.float32)
+        import scipy.sparse as sp
+
         csr = sp.csr_matrix((ones, (rows, feats)), shape=(n, self.features), dtype=np.float32)
         csr.sum_duplicates()
         csr.data[:] = 1.0
@@ -192,6 +196,8 @@ class ClicksFederated(FederatedDataset):
     def test(self) -> SparseExamples:
         """``test_samples_per_device`` held-out examples from every device's distribution."""
         if self._test is None:
+            import scipy.sparse as sp
+
             parts = [
                 self._sample(k, _TEST, self.test_samples_per_device)
                 for k in range(self.num_devices)

@@ -61,27 +61,32 @@ class SyntheticFederated(FederatedDataset):
         self.seed = seed
         # Per-coordinate standard deviation: sqrt(Sigma_jj) = j ** -0.6.
         self._std = np.arange(1, self.dim + 1, dtype=np.float64) ** -0.6
-        self._params: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._sizes: dict[int, int] = {}  # n_k (the parameters are drawn again when needed)
         self._shared: tuple[np.ndarray, np.ndarray] | None = None
         self._train: dict[int, TensorDataset] = {}
         self._test: TensorDataset | None = None
 
     def _device_params(self, k: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-        """``(n_k, W_k, b_k, v_k)`` of device ``k`` (cached; draws only device k's stream)."""
-        if k not in self._params:
-            rng = stream_rng(self.seed, DOMAIN_SYNTHETIC, _PARAMS, k)
-            size = rng.lognormal(mean=self.samples_mean_log, sigma=self.samples_sigma)
-            n = max(self.min_samples, int(size))
-            u = rng.normal(0.0, self.alpha)
-            big_b = rng.normal(0.0, self.beta)
-            w = rng.normal(u, 1.0, size=(self.classes, self.dim))
-            b = rng.normal(u, 1.0, size=self.classes)
-            v = rng.normal(big_b, 1.0, size=self.dim)
-            if self.iid:
-                w, b = self._shared_model()
-                v = np.zeros(self.dim)
-            self._params[k] = (n, w, b, v)
-        return self._params[k]
+        """``(n_k, W_k, b_k, v_k)`` of device ``k`` (draws only device k's stream). Not
+        cached: a device's data is built once per split, and a cache would hold every
+        device's parameters on rank 0 (which builds the test share of all of them)."""
+        rng = stream_rng(self.seed, DOMAIN_SYNTHETIC, _PARAMS, k)
+        n = self._size(rng)
+        u = rng.normal(0.0, self.alpha)
+        big_b = rng.normal(0.0, self.beta)
+        w = rng.normal(u, 1.0, size=(self.classes, self.dim))
+        b = rng.normal(u, 1.0, size=self.classes)
+        v = rng.normal(big_b, 1.0, size=self.dim)
+        if self.iid:
+            w, b = self._shared_model()
+            v = np.zeros(self.dim)
+        self._sizes[k] = n
+        return n, w, b, v
+
+    def _size(self, rng: np.random.Generator) -> int:
+        """n_k: the first draw of device k's parameter stream."""
+        size = rng.lognormal(mean=self.samples_mean_log, sigma=self.samples_sigma)
+        return max(self.min_samples, int(size))
 
     def _shared_model(self) -> tuple[np.ndarray, np.ndarray]:
         if self._shared is None:
@@ -92,32 +97,43 @@ class SyntheticFederated(FederatedDataset):
         return self._shared
 
     def _sample(self, k: int, stream: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = np.empty((n, self.dim), np.float32)
+        y = np.empty(n, np.int64)
+        self._sample_into(k, stream, x, y)
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    def _sample_into(self, k: int, stream: int, x_out: np.ndarray, y_out: np.ndarray) -> None:
+        """Draw ``len(y_out)`` examples of device ``k`` from ``stream`` into the float32 /
+        int64 arrays given (drawn in float64, then rounded to float32)."""
         _, w, b, v = self._device_params(k)
         rng = stream_rng(self.seed, DOMAIN_SYNTHETIC, stream, k)
-        x = v + rng.standard_normal((n, self.dim)) * self._std
-        y = np.argmax(x @ w.T + b, axis=1)
-        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.int64))
+        x = v + rng.standard_normal((len(y_out), self.dim)) * self._std
+        np.argmax(x @ w.T + b, axis=1, out=y_out)
+        x_out[...] = x
 
     def num_samples(self, device: int) -> int:
         """Training examples of ``device`` (count of examples, no data generated)."""
-        return self._device_params(self.check_device(device))[0]
+        k = self.check_device(device)
+        n = self._sizes.get(k)
+        if n is None:
+            n = self._sizes[k] = self._size(stream_rng(self.seed, DOMAIN_SYNTHETIC, _PARAMS, k))
+        return n
 
     def train(self, device: int) -> TensorDataset:
         """Device ``device``'s training set: x float32 ``(n_k, dim)``, y int64 ``(n_k,)``."""
         k = self.check_device(device)
         if k not in self._train:
-            x, y = self._sample(k, _TRAIN, self._device_params(k)[0])
+            x, y = self._sample(k, _TRAIN, self.num_samples(k))
             self._train[k] = TensorDataset(x, y)
         return self._train[k]
 
     def test(self) -> TensorDataset:
         """``test_samples_per_device`` held-out examples from every device's distribution."""
         if self._test is None:
-            parts = [
-                self._sample(k, _TEST, self.test_samples_per_device)
-                for k in range(self.num_devices)
-            ]
-            self._test = TensorDataset(
-                torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-            )
+            m = self.test_samples_per_device
+            x = np.empty((self.num_devices * m, self.dim), np.float32)  # (filled in place: a
+            y = np.empty(self.num_devices * m, np.int64)  # large fleet's test set is large)
+            for k in range(self.num_devices):
+                self._sample_into(k, _TEST, x[k * m : (k + 1) * m], y[k * m : (k + 1) * m])
+            self._test = TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
         return self._test

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..training.eager import optimizer_step
 from .per_example import PerExampleGrads
 from .train import as_tensors
 
@@ -86,7 +87,7 @@ def ordered_epoch(
             offset += k
         if before_step is not None:
             before_step(model)
-        opt.step()
+        optimizer_step(opt)
         total += float(losses.sum())
     return total / max(n, 1), out
 

@@ -233,8 +233,10 @@ class Coordinator:
         """A task starts from the current version: keep a copy while it is out (FedAsync
         mixes with it; a checkpoint sends it again to the task's rank on resume)."""
         if self.keep_bases:
-            self.bases.setdefault(self.version, self.global_model.copy())
-            self.base_refs[self.version] = self.base_refs.get(self.version, 0) + 1
+            v = self.version
+            if v not in self.bases:  # (one copy per version, not one per task)
+                self.bases[v] = self.global_model.copy()
+            self.base_refs[v] = self.base_refs.get(v, 0) + 1
 
     def _book_download(self, d: int) -> None:
         """Device ``d`` downloads the current model: count its bytes and 2 messages."""
@@ -370,9 +372,7 @@ class Coordinator:
     def log_event(self, event: str, now: float, device: int, task: int, **extra) -> None:
         """One line of events.jsonl (``sim.event_log``)."""
         if self.events_log is not None:
-            rec = {"t": now, "event": event, "device": device, "task": task, "v": self.version}
-            rec.update(extra)
-            self.events_log.write(json.dumps(rec) + "\n")
+            self.events_log.write(event_line(now, event, device, task, self.version, extra))
 
     def _row(self, arr: list[Arrival], now: float) -> None:
         return summary.record_row(self, arr, now)
@@ -584,6 +584,8 @@ class Coordinator:
     def _buffered(self, a: Arrival) -> bool:
         """Does the policy still hold ``a`` (BSP round or FedBuff buffer)?"""
         buf = getattr(self.policy, "buffer", [])
+        if buf and ((x := buf[-1]) is a or (isinstance(x, tuple) and x[0] is a)):
+            return True  # (the usual case: just appended; a scan of a BSP round is O(devices))
         return any((x[0] if isinstance(x, tuple) else x) is a for x in buf)
 
     # -- the end ----------------------------------------------------------------------------
@@ -607,5 +609,26 @@ class Coordinator:
             self.t.send(w, Kind.STOP, aux=(float(status),))
         self.t.wait_sends()
 
+
+def event_line(now: float, event: str, device: int, task: int, version: int, extra: dict) -> str:
+    """``json.dumps({"t": now, "event": event, "device": device, "task": task, "v":
+    version, **extra}) + "\\n"``, the same text, formatted directly for the usual types (two
+    lines per device and round: a large fleet writes many)."""
+    if (type(now) is float and math.isfinite(now) and type(device) is int
+            and type(task) is int and type(version) is int
+            and event.isascii() and event.isidentifier()):  # fmt: skip
+        head = (f'{{"t": {now!r}, "event": "{event}", "device": {device}, "task": {task}, '
+                f'"v": {version}')  # fmt: skip
+        if not extra:
+            return head + "}\n"
+        more = json.dumps(extra)
+        if more.startswith('{"') and not any(k in _EVENT_KEYS for k in extra):
+            return f"{head}, {more[1:]}\n"
+    rec = {"t": now, "event": event, "device": device, "task": task, "v": version}
+    rec.update(extra)
+    return json.dumps(rec) + "\n"
+
+
+_EVENT_KEYS = frozenset(("t", "event", "device", "task", "v"))
 
 __all__ = ["Coordinator", "WorkerFailed"]

@@ -152,7 +152,12 @@ RUNTIME = "runtime"  # the worker core's own per-device state (a gated device's 
 
 def snapshot(worker: Any, d: int) -> np.ndarray:
     """Device ``d``'s state now, encoded (taken when a task starts: its "before" state)."""
-    return encode(device_state(worker, d))
+    state = device_state(worker, d)
+    return encode(state) if state else _EMPTY  # (most devices, most tasks: no state)
+
+
+_EMPTY = encode({})
+_EMPTY.setflags(write=False)
 
 
 def device_state(worker: Any, d: int) -> dict[str, dict]:

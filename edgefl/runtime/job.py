@@ -20,6 +20,7 @@ from ..config import with_values
 from ..errors import ConfigError, EdgeflError
 from ..launcher import write_status
 from ..rankwrap import RankGuard
+from ..training.eager import defer_dynamo
 from .placement import is_shard
 from .policies import check_policies, check_shards
 from .rundir import prepare_run_dir, resolve_run_dir
@@ -59,6 +60,7 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
     from .worker import Worker, error_payload, error_text
 
     torch.set_num_threads(cfg["fleet"]["threads"])
+    defer_dynamo()  # (a rank that never compiles need not load the compiler: 1 CPU s)
     if cfg["sim"]["clock"] == "auto":  # (`edgefl simulate` resolves it to "virtual")
         cfg = with_values(cfg, {"sim.clock": "wall"})
     guard = RankGuard(_rank()).start()

@@ -39,6 +39,15 @@ from .watch import DECLARED_DEAD, LIVENESS
 
 log = logging.getLogger("edgefl.worker")
 
+#: under the virtual clock a worker sends its (small) updates in bursts of up to this many
+#: (or HOLD_BYTES, or after HOLD_S seconds, or as soon as it has no task ready): rank 0 then
+#: wakes once per burst instead of once per update (each wake-up costs it a spell of
+#: polling, CPU the workers need when ranks share cores). The clock orders the events, so
+#: the results are the same.
+HOLD_UPDATES = 64
+HOLD_BYTES = 1 << 22
+HOLD_S = 0.1
+
 
 class Worker:
     """The loop of one worker rank.
@@ -108,6 +117,13 @@ class Worker:
         self.snapshots: dict[int, tuple[int, np.ndarray]] = {}
         base = WorkerPlugin.device_state
         self._snap = self.gated or any(type(p).device_state is not base for p in self.plugins)
+        dbg = cfg["debug"]
+        quiet = not (dbg["kill_ranks"] or dbg["inject"] or dbg["delay_s"])  # (fault tests)
+        small = max(HOLD_BYTES // max(task.flat.nbytes, 1), 1)
+        self._hold = min(HOLD_UPDATES, small) if cfg["sim"]["clock"] == "virtual" and quiet else 0
+        self._hold = self._hold if self._hold > 1 else 0
+        self._held: list[tuple[int, int, tuple, np.ndarray]] = []  # (device, task, aux, delta)
+        self._held_since = 0.0
 
     def buffer(self) -> np.ndarray:
         """A model-sized float32 buffer (recycled)."""
@@ -206,9 +222,11 @@ class Worker:
         heard = time.monotonic()
         while True:
             ready = self.queue and self._ready(self.queue[0])
+            if self._held and (not ready or time.monotonic() - self._held_since > HOLD_S):
+                self._send_held()
             wait = 0.0 if ready else (0.5 if self.queue else 5.0)
             before = time.monotonic()
-            msgs = self.t.poll(timeout=wait)
+            msgs = self._drain(self.t.poll(timeout=wait))
             now = time.monotonic()
             if msgs or now - before > wait + limit / 2:  # (a poll this long: this rank
                 heard = now  # was stopped, SIGSTOP: rank 0 was not the silent one)
@@ -237,6 +255,22 @@ class Worker:
                 device, task, version, spec = self.queue.popleft()
                 self.train(device, task, version, spec)
                 self._forget_versions()
+
+    def _drain(self, msgs: list) -> list:
+        """``msgs`` and whatever else has arrived by now. A poll returns at most one message
+        per peer; taking all of them before the next task lets rank 0's sends complete (a
+        large fleet's TRAINs otherwise wait at rank 0, one per task trained here, and every
+        poll there tests them all) and keeps the order they came in."""
+        if not msgs:
+            return msgs
+        for _ in range(1 << 16):
+            more = self.t.poll(timeout=0.0)
+            if not more:
+                break
+            msgs.extend(more)
+            if any(m.kind == Kind.STOP for m in more):
+                break
+        return msgs
 
     def _declared_dead(self) -> int:
         """Rank 0 gave up on this rank (it was silent too long): leave quietly, status 0
@@ -421,9 +455,25 @@ class Worker:
             self.client.push(device, job.task, job.version, delta, job.aux)
             return
         self.debug.forge(device, job.task, delta, job.aux)
-        seq = self.t.send(0, Kind.UPDATE, device=device, round=job.task, aux=job.aux,
-                          payload=delta, release=lambda: self.free(delta))  # fmt: skip
-        self.debug.duplicate(device, job.task, delta, job.aux, seq)
+        if self._hold:
+            if not self._held:
+                self._held_since = time.monotonic()
+            self._held.append((device, job.task, job.aux, delta))
+            if len(self._held) >= self._hold:
+                self._send_held()
+            return
+        self._send(device, job.task, job.aux, delta)
+
+    def _send(self, device: int, task: int, aux: tuple, delta: np.ndarray) -> None:
+        seq = self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux, payload=delta,
+                          release=lambda: self.free(delta))  # fmt: skip
+        self.debug.duplicate(device, task, delta, aux, seq)
+
+    def _send_held(self) -> None:
+        """Send the updates held back (see HOLD_UPDATES), in the order they were made."""
+        held, self._held = self._held, []
+        for device, task, aux, delta in held:
+            self._send(device, task, aux, delta)
 
 
 class _LocalState:

@@ -1086,6 +1086,7 @@ def calibrate_reference(
     from torch.utils.data import TensorDataset
 
     from ..models.train import loss_fn
+    from ..training.eager import optimizer_step, zero_grad
 
     if isinstance(data_sample, TensorDataset):
         X, Y = data_sample.tensors[0], data_sample.tensors[1]
@@ -1108,9 +1109,9 @@ def calibrate_reference(
         start = (k * bs) % n
         k += 1
         idx = torch.arange(start, start + bs) % n
-        opt.zero_grad(set_to_none=True)
+        zero_grad(opt)
         loss_fn(net(X[idx]), Y[idx], task).backward()
-        opt.step()
+        optimizer_step(opt)
 
     for _ in range(max(1, steps // 10)):  # warm-up: allocations, lazy initialisation
         step()

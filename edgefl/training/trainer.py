@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from .client import FitContext, FitResult, FitTask
+from .eager import optimizer_step, zero_grad
 
 
 def as_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -60,11 +61,11 @@ def fit_loop(
     losses: list[torch.Tensor] = []
     samples = 0
     for xb, yb in batches(dataset, n, bs, total_steps, generator, device, order):
-        optimizer.zero_grad(set_to_none=True)
+        zero_grad(optimizer)
         loss = ctx.objective(model, model(xb), yb)
         loss.backward()
         ctx.before_step(model)
-        optimizer.step()
+        optimizer_step(optimizer)
         losses.append(loss.detach())
         samples += yb.shape[0]
     if not losses:

@@ -1,0 +1,387 @@
+"""``edgefl bench scale``: 1,000 and 10,000 simulated devices, rounds/s and peak memory.
+
+Task (from the issue): the logistic-regression FedAvg job of ``edgefl bench rounds``
+(synthetic IID data of dimension 20, 200 training and 100 test samples per device, 5 local
+full-batch SGD steps at lr 0.5, sample-weighted FedAvg, test evaluation every round; BSP,
+every device every round) with ``--sizes`` devices for ``--rounds`` rounds. edgefl runs the
+real job through ``edgefl simulate`` (real ``mpiexec``, ``--ranks`` ranks: a coordinator and
+workers, default settings otherwise: events.jsonl, the final checkpoint, summary.json); the
+baseline is a plain single-process loop doing the same arithmetic (no messaging, one core).
+
+Reported per size and system (with ``--repeats`` the systems alternate and the run with
+the median rate is reported):
+
+* ``rounds_per_s``: rounds between the end of round 1 and the end of the last round, over
+  the wall time between them (start-up excluded: launch, imports, data, registration);
+  ``ratio_vs_loop`` = edgefl / loop at the same size;
+* ``cpu_s_per_round``: CPU seconds per round over the same rounds (edgefl: all processes,
+  sampled when each metrics row appears; the breakdown by process is printed above the
+  table) and ``cpu_ratio``: the loop's CPU seconds per round over the least wall time
+  edgefl's allow on this box (its busiest process, or its total over the cores): what an
+  otherwise idle box would give (on a shared one wall-clock rates follow the others' load);
+* ``cmd_wall_s``: the whole command, start-up and the end (summary, checkpoint) included;
+* ``peak_rss_mb``: peak resident memory of the whole process tree (the sum over the command
+  and every descendant: mpiexec and every rank), sampled from /proc every 50 ms.
+
+Then the per-device memory (the slope of peak RSS between the smallest and the largest
+size, and what remains beyond the device's own data) and an extrapolation to
+``--extrapolate`` devices from the measured sizes (linear fits of peak RSS and of seconds
+per round), each printed as its own line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NAME = "scale"
+HELP = "1,000 and 10,000 devices: rounds/s and peak RSS, edgefl over mpiexec vs a plain loop"
+
+RSS_TARGET_MB = 2500.0
+RATIO_TARGET = 1.8
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", default="1000,10000", help="fleet sizes, comma-separated")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ranks", type=int, default=3, help="MPI ranks for edgefl (incl. rank 0)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--extrapolate", type=int, default=100_000, help="fleet size to extrapolate to")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="alternating runs of each system per size; the median rate is reported",
+    )
+    p.add_argument("--no-loop", action="store_true", help="run edgefl only (no ratio)")
+    p.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR")
+
+
+def bench_config(args: argparse.Namespace, devices: int) -> dict:
+    """The job of ``edgefl bench rounds`` with ``devices`` devices and ``--rounds`` rounds."""
+    from .rounds import bench_config as rounds_config
+
+    ns = argparse.Namespace(seed=args.seed, rounds=args.rounds, devices=devices, ranks=args.ranks)
+    return rounds_config(ns)
+
+
+def data_bytes_per_device(cfg: dict) -> int:
+    """Bytes of one device's own data: its training set and its share of the test set
+    (float32 features, int64 labels)."""
+    a = cfg["data"]["args"]
+    row = 4 * a["dim"] + 8
+    return row * (a["min_samples"] + a["test_samples_per_device"])
+
+
+# -- peak RSS of a process tree -------------------------------------------------------------
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        kids.setdefault(ppid, []).append(int(name))
+    return kids
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_rss(pid: int) -> dict[int, tuple[int, float]]:
+    """(resident bytes, CPU seconds so far) of ``pid`` and of each of its descendants."""
+    kids = _children()
+    out, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/statm", "rb") as f:
+                rss = int(f.read().split()[1]) * _PAGE
+            with open(f"/proc/{p}/stat", "rb") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(b")") + 2 :].split()
+            out[p] = (rss, (int(fields[11]) + int(fields[12])) / _TICK)  # utime + stime
+        except (OSError, IndexError, ValueError):
+            pass
+        todo.extend(kids.get(p, ()))
+    return out
+
+
+def _label(pid: int) -> str:
+    """What process ``pid`` is: ``rank N`` (an MPI rank), else its program's name."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for kv in f.read().split(b"\0"):
+                if kv.startswith(b"OMPI_COMM_WORLD_RANK=") or kv.startswith(b"PMI_RANK="):
+                    return f"rank {int(kv.split(b'=')[1])}"
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except (OSError, ValueError):
+        return "?"
+    if "simulate" in argv:
+        return "edgefl simulate"
+    return os.path.basename(argv[0]) if argv else "?"
+
+
+class Measured:
+    """A finished command: exit status, wall seconds, peak RSS of its process tree (the
+    largest sum over one sample), each process's own peak RSS and CPU seconds (by label),
+    and ``marks``: for each line that appeared in the watched file, the CPU seconds of each
+    process (by label) when it was seen."""
+
+    def __init__(self, rc, wall, peak, each, cpu, marks) -> None:
+        self.rc, self.wall, self.peak, self.each, self.cpu = rc, wall, peak, each, cpu
+        self.marks: list[dict[str, float]] = marks
+
+
+def run_measured(cmd: list[str], interval: float = 0.05, watch: Path | None = None,
+                 **popen) -> Measured:  # fmt: skip
+    """Run ``cmd``, sampling RSS and CPU time of its process tree every ``interval`` s."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, **popen)
+    peak, each, cpu, labels, marks, size = 0, {}, {}, {}, [], -1
+    while proc.poll() is None:
+        got = tree_rss(proc.pid)
+        peak = max(peak, sum(b for b, _ in got.values()))
+        for p, (b, c) in got.items():
+            if p not in labels:
+                labels[p] = _label(p)
+            each[p] = max(each.get(p, 0), b)
+            cpu[p] = c  # (the last sample: CPU after it is not seen)
+        if watch is not None and watch.exists() and watch.stat().st_size != size:
+            size = watch.stat().st_size
+            lines = watch.read_bytes().count(b"\n")
+            now = _by_label(labels, cpu)
+            marks += [now] * (lines - len(marks))
+        time.sleep(interval)
+    wall = time.perf_counter() - t0
+    by_label: dict[str, int] = {}
+    for p, b in each.items():
+        by_label[labels[p]] = max(by_label.get(labels[p], 0), b)
+    return Measured(proc.returncode, wall, peak, by_label, _by_label(labels, cpu), marks)
+
+
+def _by_label(labels: dict[int, str], cpu: dict[int, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for p, c in cpu.items():
+        out[labels[p]] = out.get(labels[p], 0.0) + c
+    return out
+
+
+# -- the two systems ------------------------------------------------------------------------
+def plain_loop(cfg: dict) -> dict:
+    """The FedAvg arithmetic of the job as a plain Python/torch loop in this process (the
+    loop of ``edgefl bench rounds``, with its CPU seconds per round)."""
+    from .rounds import plain_loop as rounds_loop
+
+    return rounds_loop(cfg)
+
+
+def _loop_child() -> None:  # python -c: the plain loop in a process of its own
+    import torch
+
+    torch.set_num_threads(1)  # one core (as every edgefl rank: fleet.threads = 1)
+    print(json.dumps(plain_loop(json.loads(sys.stdin.read()))))
+
+
+def loop_run(cfg: dict, tmp: Path) -> dict:
+    """The plain loop in a fresh process (its memory measured alone)."""
+    conf = tmp / f"loop-{cfg['fleet']['devices']}.json"
+    conf.write_text(json.dumps(cfg))
+    res = tmp / f"loop-{cfg['fleet']['devices']}.out"
+    cmd = [sys.executable, "-c", "from edgefl.bench.scale import _loop_child; _loop_child()"]
+    with open(conf) as fin, open(res, "w") as fout:
+        m = run_measured(cmd, stdin=fin, stdout=fout)
+    if m.rc != 0:
+        raise SystemExit(f"edgefl: error: plain loop failed (status {m.rc})")
+    got = json.loads(res.read_text().splitlines()[-1])
+    return {
+        "rounds_per_s": got["rounds_per_s"],
+        "s_per_round": 1.0 / got["rounds_per_s"],
+        "cpu_s_per_round": got["cpu_s_per_round"],
+        "final_accuracy": got["final_accuracy"],
+        "cmd_wall_s": m.wall,
+        "cmd_cpu_s": sum(m.cpu.values()),
+        "overhead_s": m.wall - cfg["run"]["rounds"] / got["rounds_per_s"],
+        "peak_rss_mb": m.peak / 1e6,
+    }
+
+
+def edgefl_run(cfg: dict, root: Path, rep: int = 0) -> dict:
+    """The job through ``edgefl simulate``; rates from metrics.jsonl's ``wall_time_s``
+    (``rep``: the repeat, which names its run directory after the first)."""
+    from ..config import dump_config, load_config
+    from ..launcher import rank_python  # (python -P: the cwd cannot shadow edgefl)
+
+    n = cfg["fleet"]["devices"]
+    conf = root / f"scale-{n}.toml"
+    conf.write_text(dump_config(load_config(doc=cfg)))
+    name = f"run-{n}" if rep == 0 else f"run-{n}-{rep}"
+    out = root / name
+    cmd = [*rank_python(), "-m", "edgefl", "simulate", str(conf), "--out", str(out)]
+    print(f"# edgefl: {' '.join(cmd)}", flush=True)
+    log = root / f"{name}.log"
+    with open(log, "w") as f:
+        m = run_measured(cmd, watch=out / "metrics.jsonl", stdout=f, stderr=subprocess.STDOUT)
+    if m.rc != 0:
+        sys.stderr.write(log.read_text()[-4000:])
+        raise SystemExit(f"edgefl: error: edgefl run failed (status {m.rc}): {' '.join(cmd)}")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    w = [r["wall_time_s"] for r in rows]
+    rate = (len(w) - 1) / (w[-1] - w[0])
+    # CPU seconds per round of each process between the end of round 1 and the last one
+    # (as seen by the 50 ms sampler)
+    per_round = {}
+    if len(m.marks) >= 2:
+        a, b = m.marks[0], m.marks[-1]
+        per_round = {k: (b.get(k, 0.0) - a.get(k, 0.0)) / (len(m.marks) - 1) for k in b}
+    each = ", ".join(f"{k} {v / 1e6:.0f}" for k, v in sorted(m.each.items()) if v)
+    print(f"# {n} devices, peak RSS by process (MB): {each}", flush=True)
+    cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(per_round.items()) if v)
+    print(f"# {n} devices, CPU seconds per round by process (rounds 2..): {cpu}", flush=True)
+    busiest = max(per_round.values(), default=0.0)
+    total = sum(per_round.values())
+    return {
+        "rounds_per_s": rate,
+        "s_per_round": 1.0 / rate,
+        "cpu_s_per_round": total,
+        # the least wall time per round those CPU seconds allow on idle cores
+        "cpu_bound_s": max(busiest, total / (os.cpu_count() or 1)),
+        "final_accuracy": rows[-1].get("test_accuracy"),
+        "cmd_wall_s": m.wall,
+        "cmd_cpu_s": sum(m.cpu.values()),
+        "overhead_s": m.wall - len(w) / rate,  # start-up and the end, beyond steady rounds
+        "peak_rss_mb": m.peak / 1e6,
+        "events_mb": _mb(out / "events.jsonl"),
+        "ckpt_mb": sum(_mb(p) for p in out.rglob("*.h5")),
+        "summary_kb": _mb(out / "summary.json") * 1000,
+    }
+
+
+def _mb(p: Path) -> float:
+    return p.stat().st_size / 1e6 if p.exists() else 0.0
+
+
+def _fit(xs: list[int], ys: list[float]) -> tuple[float, float]:
+    """Least-squares line (intercept, slope) through the points."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
+def main(args: argparse.Namespace) -> int:
+    from .common import header, table, write_json
+
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    cfg0 = bench_config(args, sizes[0])
+    conf = {**cfg0, "fleet": {**cfg0["fleet"], "devices": sizes}}
+    header(NAME, ["edgefl", "bench", NAME, *sys.argv[3:]], conf, args.seed)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="edgefl-scale-") as tmp:
+        root = Path(args.keep) if args.keep else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        for n in sizes:
+            cfg = bench_config(args, n)
+            loops, jobs = [], []
+            for rep in range(max(args.repeats, 1)):  # (alternating: the box's load hits both)
+                if not args.no_loop:
+                    loops.append(loop_run(cfg, Path(tmp)))
+                jobs.append(edgefl_run(cfg, root, rep))
+            if len(jobs) > 1:
+                for name, got in (("plain-loop", loops), ("edgefl", jobs)):
+                    rates = [round(x["rounds_per_s"], 4) for x in got]
+                    print(f"# {n} devices, {name} rounds/s per repeat: {rates}", flush=True)
+            loop = _median(loops) if loops else None
+            ours = _median(jobs)
+            if loop is not None:
+                rows.append({"system": "plain-loop", "devices": n, **loop})
+                ours["ratio_vs_loop"] = ours["rounds_per_s"] / loop["rounds_per_s"]
+                if ours["cpu_bound_s"] > 0:  # (what an idle box would give: CPU seconds)
+                    ours["cpu_ratio"] = loop["cpu_s_per_round"] / ours["cpu_bound_s"]
+            rows.append({"system": "edgefl", "devices": n, **ours})
+            print(table(rows[-2 if loop else -1 :], COLS), flush=True)
+    print()
+    print(table(rows, COLS))
+    _targets(rows)
+    _per_device(rows, sizes, cfg0, args.extrapolate)
+    write_json(args.json, rows)
+    return 0
+
+
+def _median(runs: list[dict]) -> dict:
+    """The run with the median rounds/s (the upper one of an even count)."""
+    return sorted(runs, key=lambda r: r["rounds_per_s"])[len(runs) // 2]
+
+
+COLS = [
+    "system", "devices", "rounds_per_s", "ratio_vs_loop", "s_per_round", "cpu_s_per_round",
+    "cpu_ratio", "cmd_wall_s", "peak_rss_mb", "ckpt_mb", "events_mb", "summary_kb",
+    "final_accuracy",
+]  # fmt: skip
+
+
+def _targets(rows: list[dict]) -> None:
+    for r in rows:
+        if r["system"] != "edgefl":
+            continue
+        rss = r["peak_rss_mb"]
+        ok_rss = "met" if rss <= RSS_TARGET_MB else "NOT met"
+        line = (
+            f"# {r['devices']} devices: peak RSS {rss:.0f} MB "
+            f"(target <= {RSS_TARGET_MB:.0f}: {ok_rss})"
+        )
+        if "ratio_vs_loop" in r:
+            ok = "met" if r["ratio_vs_loop"] >= RATIO_TARGET else "NOT met"
+            line += (
+                f"; edgefl / loop rounds/s {r['ratio_vs_loop']:.2f} "
+                f"(target >= {RATIO_TARGET}: {ok})"
+            )
+        print(line)
+
+
+def _per_device(rows: list[dict], sizes: list[int], cfg: dict, target: int) -> None:
+    if len(sizes) < 2:
+        print("# per-device memory: needs two sizes")
+        return
+    data_b = data_bytes_per_device(cfg)
+    for system in ("edgefl", "plain-loop"):
+        got = [r for r in rows if r["system"] == system]
+        if len(got) < 2:
+            continue
+        ns = [r["devices"] for r in got]
+        m0, mslope = _fit(ns, [r["peak_rss_mb"] * 1e6 for r in got])
+        t0, tslope = _fit(ns, [r["s_per_round"] for r in got])
+        beyond = mslope - data_b
+        print(
+            f"# {system} memory per device: {mslope / 1e3:.1f} KB (peak RSS slope "
+            f"{ns[0]}..{ns[-1]}), of which its data {data_b / 1e3:.1f} KB, beyond its data "
+            f"{beyond / 1e3:.1f} KB"
+        )
+        print(
+            f"# {system} time per device and round: {tslope * 1e3:.3f} ms (slope), fixed "
+            f"{t0:.3f} s per round"
+        )
+        print(
+            f"# {system} extrapolated to {target} devices (from {', '.join(map(str, ns))}): "
+            f"peak RSS {(m0 + mslope * target) / 1e9:.2f} GB ({mslope / 1e3:.1f} KB per "
+            f"device), {t0 + tslope * target:.1f} s per round"
+        )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit("run it as: edgefl bench scale")

@@ -1,0 +1,40 @@
+"""``edgefl bench scale`` without MPI: the /proc sampler of a process tree, the linear fits
+and the per-device and extrapolation lines."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgefl.bench import scale
+
+linux = pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="Linux /proc")
+
+
+@linux
+def test_tree_rss_and_cpu_of_a_process_tree(tmp_path):
+    got = scale.tree_rss(os.getpid())
+    rss, cpu = got[os.getpid()]
+    assert rss > 10_000_000 and cpu > 0
+    watch = tmp_path / "rows.jsonl"
+    code = f"import time; open({str(watch)!r}, 'w').write('{{}}\\n'); time.sleep(0.3)"
+    m = scale.run_measured([sys.executable, "-c", code], interval=0.02, watch=watch)
+    assert m.rc == 0 and m.peak > 1_000_000 and len(m.marks) == 1 and m.wall >= 0.3
+
+
+def test_fit_and_per_device_lines(capsys):
+    assert scale._fit([1, 3], [10.0, 14.0]) == pytest.approx((8.0, 2.0))
+    rows = [
+        {"system": "edgefl", "devices": 1000, "peak_rss_mb": 1000.0, "s_per_round": 1.0},
+        {"system": "edgefl", "devices": 10000, "peak_rss_mb": 1450.0, "s_per_round": 10.0},
+    ]
+    cfg = scale.bench_config(type("A", (), {"seed": 0, "rounds": 3, "ranks": 3})(), 1000)
+    assert scale.data_bytes_per_device(cfg) == 88 * 300
+    scale._per_device(rows, [1000, 10000], cfg, 100_000)
+    out = capsys.readouterr().out
+    assert "edgefl memory per device: 50.0 KB" in out and "beyond its data 23.6 KB" in out
+    assert "extrapolated to 100000 devices" in out and "peak RSS 5.95 GB" in out
+    assert "100.0 s per round" in out
