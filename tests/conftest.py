@@ -1,4 +1,5 @@
-"""Shared fixtures: locating mpiexec and launching real multi-rank jobs."""
+"""Shared fixtures: locating mpiexec and launching real multi-rank jobs; the Hypothesis
+profile of the property tests."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Property tests draw the same examples on every run (a CI result does not depend on luck);
+# HYPOTHESIS_PROFILE=explore searches with fresh random examples each time instead.
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 def _launcher():
