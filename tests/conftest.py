@@ -47,6 +47,11 @@ def launcher():
 _LAUNCH_FLAKES = ("The PMIx server's listener thread failed to start",)
 
 
+def launch_flaked(output: str) -> bool:
+    """Whether a launch's output says Open MPI itself failed to start it (see above)."""
+    return any(f in output for f in _LAUNCH_FLAKES)
+
+
 def run_edgefl(*args: str, cwd: Path | None = None, timeout: float = 300, env=None):
     """Run ``python -m edgefl ARGS`` and return the CompletedProcess (text). A launch that
     Open MPI itself failed to start (see _LAUNCH_FLAKES) is repeated, at most twice."""
@@ -61,7 +66,7 @@ def run_edgefl(*args: str, cwd: Path | None = None, timeout: float = 300, env=No
             cwd=cwd,
             env=e,
         )
-        flaky = proc.returncode != 0 and any(f in proc.stderr + proc.stdout for f in _LAUNCH_FLAKES)
+        flaky = proc.returncode != 0 and launch_flaked(proc.stderr + proc.stdout)
         if not flaky or attempt == 2:
             return proc
         print(f"run_edgefl: Open MPI failed to launch, retrying: {' '.join(args)}", file=sys.stderr)
