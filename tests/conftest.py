@@ -52,25 +52,25 @@ def launch_flaked(output: str) -> bool:
     return any(f in output for f in _LAUNCH_FLAKES)
 
 
-def run_edgefl(*args: str, cwd: Path | None = None, timeout: float = 300, env=None):
-    """Run ``python -m edgefl ARGS`` and return the CompletedProcess (text). A launch that
-    Open MPI itself failed to start (see _LAUNCH_FLAKES) is repeated, at most twice."""
-    e = dict(os.environ)
-    e.update(env or {})
+def run_launch(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, **kw)`` for a command that starts
+    MPI ranks. A launch that Open MPI itself failed to start (see _LAUNCH_FLAKES) is
+    repeated, at most twice."""
     for attempt in range(3):
-        proc = subprocess.run(
-            [sys.executable, "-m", "edgefl", *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=cwd,
-            env=e,
-        )
+        proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
         flaky = proc.returncode != 0 and launch_flaked(proc.stderr + proc.stdout)
         if not flaky or attempt == 2:
-            return proc
-        print(f"run_edgefl: Open MPI failed to launch, retrying: {' '.join(args)}", file=sys.stderr)
+            break
+        print(f"Open MPI failed to launch, retrying: {' '.join(cmd)}", file=sys.stderr)
     return proc
+
+
+def run_edgefl(*args: str, cwd: Path | None = None, timeout: float = 300, env=None):
+    """Run ``python -m edgefl ARGS`` and return the CompletedProcess (text), repeating a
+    launch Open MPI itself failed to start (:func:`run_launch`)."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return run_launch([sys.executable, "-m", "edgefl", *args], timeout=timeout, cwd=cwd, env=e)
 
 
 @pytest.fixture

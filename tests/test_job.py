@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_edgefl
+from conftest import run_edgefl, run_launch
 
 pytestmark = pytest.mark.mpi
 
@@ -136,7 +135,7 @@ def test_mpiexec_by_hand(small_config, tmp_path, launcher):
     cmd = launcher.command(
         4, [sys.executable, "-m", "edgefl", "run", str(small_config), "--out", str(out)], ulfm=False
     )
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = run_launch(cmd, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "final accuracy:" in proc.stdout
     s = _summary(out)
@@ -153,7 +152,7 @@ def _run_with_module_dir(launcher, tmp_path: Path, config: str):
         ulfm=False,
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    return run_launch(cmd, timeout=300, env=env)
 
 
 def test_worker_side_error_stops_everyone_with_status_2(tmp_path, launcher):

@@ -3,11 +3,11 @@ ones on the model tags into receives posted in advance), malformed messages (als
 on the header tag) are rejected with a log line and the conversation continues, duplicates
 ignored."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_launch
 
 pytestmark = pytest.mark.mpi
 PROGRAM = Path(__file__).parent / "mpi" / "messaging.py"
@@ -15,7 +15,7 @@ PROGRAM = Path(__file__).parent / "mpi" / "messaging.py"
 
 def test_every_kind_round_trips_and_forgeries_are_rejected(launcher):
     cmd = launcher.command(3, [sys.executable, str(PROGRAM)], ulfm=False)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    proc = run_launch(cmd, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for r in range(3):
         assert f"rank {r} OK" in proc.stdout

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import launch_flaked
+from conftest import launch_flaked, run_launch
 
 from edgefl.ckpt import is_complete, latest_checkpoint, load_checkpoint
 from edgefl.errors import CheckpointError
@@ -86,9 +86,7 @@ def simulate(config: Path, out: Path | None, *sets: str, env: dict | None = None
         cmd += ["--set", s]
     e = {k: v for k, v in os.environ.items() if k != "EDGEFL_TEST_CKPT_KILL"}
     e.update(env or {})
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=kw.get("timeout", 300), env=e
-    )
+    return run_launch(cmd, timeout=kw.get("timeout", 300), env=e)
 
 
 def summary(out: Path) -> dict:

@@ -7,12 +7,12 @@ status is that of the survivors (a killed rank does not make it non-zero; withou
 """
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import run_launch
 
 from edgefl.launcher import child_env
 
@@ -26,7 +26,7 @@ def run_job(launcher, victims: list[int], out: Path):
     arg = ",".join(map(str, victims))
     cmd = launcher.command(4, [sys.executable, str(PROGRAM), arg, str(out)], ulfm=True)
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=child_env(False))
+    proc = run_launch(cmd, timeout=60, env=child_env(False))
     wall = time.monotonic() - t0
     text = proc.stdout + proc.stderr
     for r in victims:
