@@ -550,7 +550,6 @@ def launch_mpi(cmd: list[str], run_dir: Path, relay: bool = False) -> int:
     SIGINT then raises KeyboardInterrupt. Prints one last line on stderr when the job did
     not end by itself. ``relay``: copy the ranks' output into this process's
     ``sys.stdout``/``sys.stderr`` (a notebook) instead of sharing its file descriptors."""
-    import signal
 
     from .launcher import Supervisor, child_env
 
@@ -562,12 +561,7 @@ def launch_mpi(cmd: list[str], run_dir: Path, relay: bool = False) -> int:
     else:
         sup.start(cmd)
         returncode = sup.wait()
-    status, line = sup.conclude(returncode)
-    if line:
-        print(f"edgefl simulate: {line}", file=sys.stderr, flush=True)
-    if sup.signum == signal.SIGINT:
-        raise KeyboardInterrupt  # (the CLI turns it into 130)
-    return status
+    return _concluded(sup, returncode)
 
 
 # files of the check directory of :func:`launch_checked` (``EDGEFL_GATE``)
@@ -594,7 +588,6 @@ def launch_checked(
     """
     import pickle
     import shutil
-    import signal
     import tempfile
     import time
 
@@ -641,12 +634,7 @@ def launch_checked(
         returncode = sup.wait()
     finally:
         shutil.rmtree(check, ignore_errors=True)
-    status, line = sup.conclude(returncode)
-    if line:
-        print(f"edgefl simulate: {line}", file=sys.stderr, flush=True)
-    if sup.signum == signal.SIGINT:
-        raise KeyboardInterrupt  # (the CLI turns it into 130)
-    return status
+    return _concluded(sup, returncode)
 
 
 def _read_verdict(path: Path) -> dict | None:
@@ -746,6 +734,19 @@ def _read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
     except ValueError as e:
         raise EdgeflError(f"cannot read '{path}': {e}") from None
+
+
+def _concluded(sup, returncode: int) -> int:
+    """The job's exit status from the supervisor ``sup`` once mpiexec returned
+    ``returncode``, its line (if any) printed; an interrupt by SIGINT is re-raised."""
+    import signal
+
+    status, line = sup.conclude(returncode)
+    if line:
+        print(f"edgefl simulate: {line}", file=sys.stderr, flush=True)
+    if sup.signum == signal.SIGINT:
+        raise KeyboardInterrupt  # (the CLI turns it into 130)
+    return status
 
 
 if __name__ == "__main__":
