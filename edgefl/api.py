@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from .config.ranks import rank_count
 from .errors import ConfigError, EdgeflError
 from .hardexit import flush_and_exit
 
@@ -291,10 +292,16 @@ def simulation_config(
 ) -> tuple[dict, int]:
     """The effective config ``edgefl simulate`` runs (``sim.clock`` auto -> virtual,
     relative profile files made absolute) and its MPI rank count (``fleet.ranks``, capped so
-    that no worker rank is idle). Raises ConfigError for a bad config."""
+    that no worker rank is idle). Raises ConfigError for a bad config.
+
+    Also pins ``run.kernels`` in this process's environment (:func:`edgefl.kernels.pin`),
+    before anything here loads torch: the pre-launch check, the in-process backend and
+    every rank launched from here (they inherit the environment) compute alike."""
+    from . import kernels
     from .config import load_config, with_values
 
     cfg = load_config(path, overrides, doc=doc)
+    kernels.pin(cfg["run"]["kernels"])  # (a line if torch already ran: run_inline says it)
     effective: dict = {}
     if cfg["sim"]["clock"] == "auto":
         effective["sim.clock"] = "virtual"
@@ -302,11 +309,8 @@ def simulation_config(
     if prof.endswith((".toml", ".csv")) and not Path(prof).is_absolute():
         effective["sim.profiles"] = str(Path(prof).resolve())  # the ranks read the run's copy
     cfg = with_values(cfg, effective)
-    ranks = cfg["fleet"]["ranks"]
-    servers = cfg["ps"]["servers"]  # server shard ranks 1..servers (docs/parameter-server.md)
-    if ranks - 1 - servers > cfg["fleet"]["devices"]:
-        ranks = cfg["fleet"]["devices"] + 1 + servers  # no idle worker ranks
-    if servers:
+    ranks = rank_count(cfg)  # (server shard ranks 1..servers: docs/parameter-server.md)
+    if cfg["ps"]["servers"]:
         from .runtime.policies import check_shards
 
         check_shards(cfg, ranks)
@@ -401,8 +405,7 @@ def preflight(cfg: dict, show: Any = None) -> str:
         task.data.test()
     else:
         # the estimate comes before anything of the fleet's size (policies, test set)
-        fleet = cfg["fleet"]
-        ranks = min(fleet["ranks"], fleet["devices"] + 1 + cfg["ps"]["servers"])
+        ranks = rank_count(cfg)
         est = estimate_memory(task.data, ranks + 1, 4 * int(task.flat.numel))
         room = available_memory()
         check_memory(est, room)

@@ -52,7 +52,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="launch mpiexec on this machine and run a job")
     _add_config_args(p, config_optional=True)
     p.add_argument("--devices", type=int, help="number of devices (fleet.devices)")
-    p.add_argument("--ranks", type=int, help="MPI ranks incl. the coordinator (fleet.ranks)")
+    p.add_argument(
+        "--ranks",
+        type=_ranks_arg,
+        help="MPI ranks incl. the coordinator, or auto: one worker per core (fleet.ranks)",
+    )
     p.add_argument("--rounds", type=int, help="global rounds (run.rounds)")
     p.add_argument("--out", help="run directory (default runs/<time>-<name>)")
     p.add_argument("--resume", metavar="CKPT.h5", help="continue from a checkpoint")
@@ -102,6 +106,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         add_bench_parser(sub)
         add_report_parser(sub)
     return parser
+
+
+def _ranks_arg(text: str) -> int | str:
+    """``--ranks N`` or ``--ranks auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, not {text!r}") from None
 
 
 def _version() -> str:
@@ -232,6 +246,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if rank == 0:  # every rank reads the same file and fails the same way
             print(f"edgefl: error: {e}", file=sys.stderr, flush=True)
         return 2
+    from . import kernels
+
+    kernels.pin(cfg["run"]["kernels"])  # before torch loads (mpirun ... edgefl run by hand)
     from .comm.mpi import finalize
     from .runtime.job import run_rank
 
@@ -281,7 +298,29 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     text = describe_checkpoint(args.checkpoint)  # verifies all of it before printing any
     sys.stdout.write(text + "\n")
     sys.stdout.flush()  # a closed pipe (| head) raises here, inside main(), not at exit
+    _compare_numerics(args.checkpoint)
     return 0
+
+
+def _compare_numerics(path: str) -> None:
+    """One warning line when this machine (in the checkpoint's kernels mode) computes
+    differently from the one that wrote the checkpoint: a resume here goes on, but is not
+    promised to end with the uninterrupted run's model."""
+    from .ckpt import read_checkpoint
+    from .ckpt.describe import checkpoint_numerics
+
+    saved = checkpoint_numerics(read_checkpoint(path).nodes)
+    if not saved:
+        return
+    from . import kernels
+
+    kernels.pin(saved.get("kernels", "native"))  # (before torch loads: as a resume would)
+    import torch
+
+    torch.set_num_threads(int(saved.get("threads") or 1))
+    line = kernels.mismatch_line("it was written", saved, kernels.fingerprint())
+    if line:
+        print(f"edgefl: warning: resuming on this machine: {line}", file=sys.stderr, flush=True)
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:

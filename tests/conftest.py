@@ -8,8 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from hypothesis import settings
+from edgefl import kernels
+
+# The tests compute as every edgefl run does by default (run.kernels = "portable"), pinned
+# before anything loads torch: the golden models are the same on any x86-64 CPU with AVX2.
+# (Subprocesses inherit it; tests of native kernels set their own environment. A process
+# that pinned a mode before importing this module keeps it: tests/golden/in_env.py.)
+kernels.pin(os.environ.get(kernels.KERNELS_ENV, "portable"))
+
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

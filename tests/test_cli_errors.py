@@ -20,6 +20,7 @@ from conftest import run_edgefl
 from edgefl.ckpt import save_checkpoint
 from edgefl.cli import MPI_ENV
 from edgefl.config import config_from_toml, load_config
+from edgefl.config.ranks import usable_cores
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:
@@ -147,7 +148,8 @@ def test_simulate_dry_run_prints_command(tmp_path):
     cmd = shlex.split(lines[0])
     assert "mpiexec" in Path(cmd[0]).name
     i = cmd.index("-n")
-    assert cmd[i + 1] == "5"  # default fleet.ranks, coordinator included
+    # default fleet.ranks = auto: the coordinator and a worker per core (8 devices)
+    assert cmd[i + 1] == str(1 + min(8, usable_cores()))
     assert "edgefl run" in lines[0]
     assert str(tmp_path / "run" / "config.toml") in cmd
     assert list(tmp_path.iterdir()) == []

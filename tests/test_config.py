@@ -56,7 +56,7 @@ def test_defaults_load():
     expected["model"]["args"] = DEFAULT_ARGS["model"]["mlp"]
     assert cfg == expected
     assert cfg["data"]["source"] == "synthetic" and cfg["model"]["name"] == "mlp"
-    assert cfg["run"]["rounds"] == 20 and cfg["fleet"]["ranks"] == 5
+    assert cfg["run"]["rounds"] == 20 and cfg["fleet"]["ranks"] == "auto"
     assert isinstance(cfg["train"]["lr"], float)
     # every schema key is present, with the schema's type
     for path, f in iter_fields():
@@ -66,7 +66,8 @@ def test_defaults_load():
         if f.type == "float":
             assert isinstance(node, float), path
         elif f.type == "int":
-            assert isinstance(node, int) and not isinstance(node, bool), path
+            auto = f.auto and node == "auto"
+            assert auto or (isinstance(node, int) and not isinstance(node, bool)), path
 
 
 def test_defaults_are_fresh_copies():
@@ -502,3 +503,19 @@ def test_every_schema_key_is_documented():
     for name, spec in SCHEMA.items():
         if not isinstance(spec, Field):
             assert f"\n## [{name}]\n" in page
+
+
+def test_ranks_auto_fits_the_cores_and_the_devices():
+    """fleet.ranks = "auto" (the default): the coordinator, the server shards and one
+    worker per usable core, never more workers than devices; a number is kept."""
+    from edgefl.config.ranks import rank_count, usable_cores
+
+    cfg = load_config()
+    assert rank_count(cfg, cores=2) == 3
+    assert rank_count(cfg, cores=16) == 9  # (8 devices)
+    assert rank_count(load_config(None, ["ps.servers=2", "fleet.devices=4"]), cores=3) == 6
+    assert rank_count(load_config(None, ["fleet.ranks=4"]), cores=64) == 4
+    assert rank_count(load_config(None, ["fleet.ranks=12"])) == 9
+    assert rank_count(cfg) == 1 + min(8, usable_cores())
+    with pytest.raises(ConfigError, match='expected an integer or "auto"'):
+        load_config(None, ["fleet.ranks=many"])

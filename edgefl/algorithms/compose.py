@@ -138,10 +138,9 @@ def merged(a: Option, b: Option) -> list[str] | None:
 
 def job_ranks(cfg: dict) -> int:
     """MPI ranks of the job, as ``edgefl simulate`` computes them (no idle worker rank)."""
-    ranks, servers = cfg["fleet"]["ranks"], cfg["ps"]["servers"]
-    if ranks - 1 - servers > cfg["fleet"]["devices"]:
-        ranks = cfg["fleet"]["devices"] + 1 + servers
-    return ranks
+    from ..config.ranks import rank_count
+
+    return rank_count(cfg)
 
 
 def check_sets(sets: list[str]) -> str:

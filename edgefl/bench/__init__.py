@@ -24,6 +24,7 @@ BENCHES = (
     "drift",
     "startup",
     "scale",
+    "kernels",
 )
 
 

@@ -95,9 +95,38 @@ def describe_checkpoint(path: str | os.PathLike) -> str:
     if rnd is not None and rnd.kind == "int":
         lines.append(f"  round: {decode_leaf('int', rnd.data)}")  # type: ignore[arg-type]
     lines += ["  " + s for s in _layouts(nodes)]
+    numerics = checkpoint_numerics(nodes)
+    if numerics:
+        lines.append(f"  numerics: {numerics_text(numerics)}")
     lines.append("tree:")
     lines += _tree(nodes)
     return "\n".join(lines)
+
+
+def checkpoint_numerics(nodes: list) -> dict | None:
+    """The fingerprint of the numerics a run's checkpoint was written with (the rank 0
+    record of :func:`edgefl.kernels.fingerprint`), or None (an older checkpoint)."""
+    import json
+
+    node = next((n for n in nodes if n.names == ("numerics",) and n.kind == "str"), None)
+    if node is None:
+        return None
+    try:
+        doc = json.loads(decode_leaf("str", node.data))  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def numerics_text(f: dict) -> str:
+    """A fingerprint in one line."""
+    threads = f.get("threads")
+    return (
+        f"kernels {f.get('kernels')}, torch {f.get('torch')}, CPU capability "
+        f"{f.get('cpu_capability')}, MKL path {f.get('mkl_path')}, {threads} "
+        f"thread{'s' if threads != 1 else ''}, {f.get('platform')} ({f.get('cpu')}), probe "
+        f"{f.get('probe')}"
+    )
 
 
 def _when(created: float | None) -> str:

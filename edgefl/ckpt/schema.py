@@ -167,6 +167,7 @@ TOP: tuple[tuple[str, Check, bool], ...] = (
     ("aggregation", GROUP, False),
     ("plugins", GROUP, True),
     ("flight", GROUP, False),
+    ("numerics", _json(dict), False),
 )
 MODEL = (
     ("flat", _flat, True),

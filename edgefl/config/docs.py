@@ -32,6 +32,8 @@ def _num(x: float) -> str:
 
 def _range(f: Field) -> str:
     parts = []
+    if f.auto:
+        parts.append("auto")
     if f.choices:
         parts.append(" \\| ".join(f.choices))
     if f.min is not None:

@@ -18,6 +18,7 @@ class Field:
         doc: one sentence; units in the text (seconds, bytes, samples).
         min / max: inclusive numeric bounds (None = unbounded).
         choices: allowed string values (None = any).
+        auto: an ``int`` key that also takes the string ``"auto"`` (resolved at launch).
     """
 
     default: Any
@@ -27,6 +28,7 @@ class Field:
     max: float | None = None
     choices: tuple[str, ...] | None = None
     exclusive_min: bool = False
+    auto: bool = False
 
 
 def field(default, type_, doc, **kw) -> Field:

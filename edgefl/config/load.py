@@ -49,9 +49,11 @@ def _check_value(path: str, f: Field, value: Any, source: str | None) -> Any:
         return ConfigError(f"config key '{path}' = {value!r}{_where(source)}: expected {expect}")
 
     t = f.type
+    if f.auto and value == "auto":
+        return value
     if t == "int":
         if isinstance(value, bool) or not isinstance(value, int):
-            raise bad(_TYPE_WORDS[t])
+            raise bad(_TYPE_WORDS[t] + (' or "auto"' if f.auto else ""))
     elif t == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad(_TYPE_WORDS[t])

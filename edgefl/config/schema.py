@@ -68,11 +68,36 @@ SCHEMA: dict[str, Any] = {
             "none of these.",
             choices=("auto", "full", "sample", "off"),
         ),
+        "kernels": field(
+            "portable",
+            "str",
+            "CPU numerics of every rank: portable = the same kernels on any x86-64 CPU with "
+            "AVX2 (torch's CPU capability pinned to AVX2, MKL's code path to AVX2, oneDNN "
+            "capped at AVX2; set before torch loads), so a config trains the same model bit "
+            "for bit on every such machine; native = the fastest kernels of this CPU "
+            "(AVX-512 where present), whose rounding differs between CPUs "
+            "(docs/reproducibility.md).",
+            choices=("portable", "native"),
+        ),
+        "backend": field(
+            "mpi",
+            "str",
+            "How `edgefl simulate` runs the job: mpi = launch mpiexec with fleet.ranks ranks; "
+            "inline = every rank in this one process (threads over an in-process transport, "
+            "no MPI), the same model for the same config and seed.",
+            choices=("mpi", "inline"),
+        ),
     },
     "fleet": {
         "devices": field(8, "int", "Number of logical edge devices (clients).", min=1),
         "ranks": field(
-            5, "int", "MPI ranks `edgefl simulate` launches, coordinator included (>= 2).", min=2
+            "auto",
+            "int",
+            "MPI ranks `edgefl simulate` and `edgefl.simulate` launch, coordinator included "
+            "(>= 2); auto = the coordinator plus one worker per core this process may use "
+            "(os.sched_getaffinity), no more workers than devices, plus `ps.servers` shards.",
+            min=2,
+            auto=True,
         ),
         "device": field(
             "auto",

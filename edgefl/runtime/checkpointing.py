@@ -10,6 +10,7 @@ exchange, :mod:`edgefl.runtime.devstate`). Writing is atomic (:func:`edgefl.ckpt
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,11 @@ import numpy as np
 from ..ckpt import checkpoint_name, save_checkpoint
 from ..config import config_from_toml
 from ..errors import CheckpointError
+from ..kernels import mismatch_line
 from . import devstate
 from .state import RESUME_MUST_MATCH, checkpoint_state
+
+log = logging.getLogger("edgefl.coordinator")
 
 
 def save(core: Any, round_: int, rows: list[dict], wall: float, now: float) -> Path:
@@ -29,6 +33,7 @@ def save(core: Any, round_: int, rows: list[dict], wall: float, now: float) -> P
     state = checkpoint_state(
         core.cfg, round_, core.task.flat, core.global_model, core.devices, rows, wall
     )
+    state["numerics"] = json.dumps(core.numerics)  # (a resume elsewhere warns: restore)
     state["clock"] = {
         "mode": "virtual" if core.virtual else "wall",
         "time_s": float(now),
@@ -72,6 +77,11 @@ def restore(core: Any, st: dict) -> None:
             )
     if st["model"]["signature"] != core.task.signature:
         raise CheckpointError("checkpoint holds a model of a different layout")
+    line = mismatch_line(
+        "the checkpoint was written", json.loads(st.get("numerics", "{}")), core.numerics
+    )
+    if line:
+        log.warning("%s", line)
     core.global_model[:] = st["model"]["flat"]
     core.start_round = int(st["round"])
     core.wall_offset = float(st["wall_time_s"])

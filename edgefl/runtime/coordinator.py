@@ -21,6 +21,7 @@ from ..algorithms.base import CoordinatorPlugin, TaskSpec
 from ..comm import Kind, Message, Transport
 from ..comm.wire import HEADER_BYTES
 from ..errors import EdgeflError
+from ..kernels import fingerprint
 from ..policies.consistency import Apply, Arrival, Decision, make_consistency
 from ..server import make_server
 from ..sim.timeline import Timeline
@@ -84,6 +85,9 @@ class Coordinator:
         self.server_opt = make_server_optimizer(cfg["server"])
         self.devices: dict[int, dict] = {}
         self.rank_info: dict[int, dict] = {}  # rank -> its REGISTER (JSON)
+        # where this process's numbers come from (edgefl/kernels.py); ranks that differ
+        self.numerics = fingerprint(cfg["run"]["kernels"])
+        self.numerics_differ: dict[str, list[str]] = {}
         self.start_round = 0
         self.wall_offset = 0.0
         self.start_time = 0.0  # clock seconds at the start (non-zero when resuming)

@@ -54,6 +54,11 @@ def run_inline(run_dir: Path, ranks: int) -> tuple[int, str]:
     cfg = load_config(run_dir / "config.toml")  # as every MPI rank reads it
     if cfg["sim"]["clock"] == "auto":  # (simulate resolves it to "virtual")
         cfg = with_values(cfg, {"sim.clock": "wall"})
+    from ..kernels import not_in_effect
+
+    kernels_line = not_in_effect(cfg["run"]["kernels"])  # (torch ran before edgefl pinned it)
+    if kernels_line:
+        print(f"edgefl: warning: {kernels_line}", file=sys.stderr, flush=True)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(cfg["fleet"]["threads"])
     try:

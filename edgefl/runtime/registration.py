@@ -10,6 +10,7 @@ from typing import Any
 
 from ..comm import Kind
 from ..errors import EdgeflError
+from ..kernels import differences
 from .events import WorkerFailed, error_text
 from .placement import devices_of_rank
 
@@ -41,9 +42,40 @@ def register(core: Any) -> None:
                 register_worker(core, msg.src, info)
             waiting.discard(msg.src)
     _write_ranks(core)
+    check_numerics(core)
     core._setup()
     for p in core.plugins:
         p.on_registered()
+
+
+def check_numerics(core: Any) -> None:
+    """Warn (one line per rank) about a rank whose kernels compute differently from rank 0's
+    (another CPU capability, MKL path, thread count or torch: :mod:`edgefl.kernels`); such
+    a rank's devices train a model that is not bit-identical to other machines' runs. The
+    differences go into summary.json (``numerics_differ``)."""
+    for r, info in sorted(core.rank_info.items()):
+        diff = differences(core.numerics, info.get("numerics"))
+        if diff:
+            core.numerics_differ[str(r)] = diff
+            log.warning(
+                "rank %d (%s) computes with other numerics than rank 0 (%s): its devices' "
+                "updates are not promised bit-identical across machines (run.kernels = "
+                '"portable" on every rank pins them; docs/reproducibility.md)',
+                r, info.get("host"), "; ".join(diff),
+            )  # fmt: skip
+
+
+def rehost_numerics(core: Any, d: int, old: int, new: int) -> None:
+    """Warn when device ``d`` moves from rank ``old`` to a rank ``new`` whose numerics
+    differ: from then on it trains as the new host's CPU computes."""
+    a = core.rank_info.get(old, {}).get("numerics")
+    diff = differences(a, core.rank_info.get(new, {}).get("numerics"))
+    if diff:
+        log.warning(
+            "device %d moved from rank %d to rank %d, which computes with other numerics "
+            "(%s): the run's model is not promised bit-identical to a run without the failure",
+            d, old, new, "; ".join(diff),
+        )  # fmt: skip
 
 
 def _write_ranks(core: Any) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 from ..comm import Kind
 from .devstate import RUNTIME, encode
 from .protocol import CONTINUE, REFRESH, pack_flags, unpack_flags
+from .registration import rehost_numerics
 
 log = logging.getLogger("edgefl.coordinator")
 
@@ -106,6 +107,7 @@ def _host(core: Any, d: int, old: int, new: int, now: float) -> None:
     state.pop(RUNTIME, None)  # (a gated device's local model: it restarts from the global)
     for p in core.plugins:
         p.on_device_moved(d, new, now, state)
+    rehost_numerics(core, d, old, new)
     dev = core.devices[d]
     dev["rank"] = new
     v = core.t.validator

@@ -96,6 +96,8 @@ def finish(core: Any, rows: list[dict], rounds_done: int, wall: float, end: floa
         "stopped": core.stopped,
         "rejected": sum(stats.rejected.values()),
         "duplicates": sum(stats.duplicates.values()),
+        "numerics": core.numerics,  # rank 0's kernels, BLAS, threads (edgefl/kernels.py)
+        "numerics_differ": core.numerics_differ,  # ranks whose numerics are not rank 0's
     })  # fmt: skip
     core.trackers.close()
     print(summary_table(rows, core.devices, info), flush=True)

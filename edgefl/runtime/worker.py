@@ -23,6 +23,7 @@ from ..algorithms.base import LocalJob, TaskSpec, WorkerPlugin
 from ..comm import Kind, Transport
 from ..data import FederatedDataset
 from ..errors import ConfigError, EdgeflError
+from ..kernels import fingerprint as numerics_fingerprint
 from ..models import build_model
 from ..models.flat import FlatParams
 from ..models.train import local_train
@@ -164,6 +165,7 @@ class Worker:
         info = {
             "rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
             "devices": devs, "numel": int(self.task.flat.numel), "signature": self.task.signature,
+            "numerics": numerics_fingerprint(self.cfg["run"]["kernels"]),  # (rank 0 compares)
         }  # fmt: skip
         for p in self.plugins:
             p.on_register(info)

@@ -2,9 +2,13 @@
 
 Each named config is a list of ``--set KEY=VALUE`` overrides of ``edgefl simulate``. Its
 final global model (``model_sha256`` of ``summary.json``) was recorded in ``models.json`` by
-``tests/golden/record.py`` from the code of commit 508a1ce, both over real ``mpiexec`` and
-in one process over the loopback transport (the two agreed bit for bit). A change of any
-of these hashes is a change of what training computes.
+``tests/golden/record.py``, both over real ``mpiexec`` and in one process over the loopback
+transport (the two agreed bit for bit), with portable kernels (``run.kernels``, the
+default): the hashes are those of any x86-64 machine with AVX2. A change of any of these
+hashes is a change of what training computes. (They were first recorded from commit
+508a1ce with native kernels, on a machine whose MKL and torch kernels an Intel AVX-512
+machine could not reproduce with any setting; re-recorded once, code unchanged, when
+portable kernels came: docs/reproducibility.md.)
 
 Every config is deterministic: the virtual clock (``edgefl simulate`` turns
 ``sim.clock = "auto"`` into ``"virtual"``), a fixed ``sim.reference_s_per_sample`` (0 would
@@ -81,6 +85,7 @@ CLICKS = job(
     "train.lr=0.5",
 )
 SPARSE = job(CLICKS, "ps.sparse=true", "ps.key_cache=true")
+DIGITS = ["data.source=partition", 'data.args={dataset = "digits", scheme = "iid"}']
 
 CONFIGS: dict[str, list[str]] = {
     # -- FedAvg -----------------------------------------------------------------------
@@ -88,7 +93,12 @@ CONFIGS: dict[str, list[str]] = {
     # docs/quickstart.md: edgefl simulate --rounds 5
     "default_job": job(PINNED, "run.rounds=5"),
     "fedavg_small": job(SMALL),
-    # -- bring your own training (recorded from the code that added them, not 508a1ce) --
+    # models big enough for vectorised kernels, on real images (scikit-learn's 8x8 digits):
+    # the default MLP ([64]) and the CNN. Their arithmetic changes with the CPU's kernels
+    # (AVX-512 vs AVX2) unless run.kernels = "portable" (the default; docs/reproducibility.md)
+    "mlp_digits": job(FLEET, DIGITS, "fleet.devices=6", "run.rounds=3"),
+    "cnn_digits": job(FLEET, DIGITS, "fleet.devices=6", "run.rounds=3", "model.name=cnn"),
+    # -- bring your own training --------------------------------------------------------
     "adam_cosine": job(
         SMALL,
         "train.optimizer=adam",
@@ -263,14 +273,12 @@ def effective_config(sets: list[str]) -> tuple[dict, int]:
     import tomllib
 
     from edgefl.config import dump_config, load_config
+    from edgefl.config.ranks import rank_count
 
     cfg = load_config(None, expand(sets))
     if cfg["sim"]["clock"] == "auto":
         cfg["sim"]["clock"] = "virtual"
-    ranks = cfg["fleet"]["ranks"]
-    servers = cfg["ps"]["servers"]
-    if ranks - 1 - servers > cfg["fleet"]["devices"]:
-        ranks = cfg["fleet"]["devices"] + 1 + servers
+    ranks = rank_count(cfg)  # ("auto": the cores of this machine; the model is the same)
     # the ranks load the run directory's config.toml (written by dump_config)
     cfg = load_config(doc=tomllib.loads(dump_config(cfg)))
     return cfg, ranks

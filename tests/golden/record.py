@@ -113,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(
                 f"{s['workers']} worker ranks, expected {ranks - 1 - cfg['ps']['servers']}"
             )
-        entry = {"set": list(sets), "ranks": ranks, "model_sha256": s["model_sha256"]}
+        entry = {
+            "set": list(sets),
+            "ranks": "auto" if cfg["fleet"]["ranks"] == "auto" else ranks,
+            "model_sha256": s["model_sha256"],
+        }
         t0 = time.monotonic()
         with contextlib.redirect_stdout(io.StringIO()):  # the coordinator's summary table
             lb, lb_ranks = run_loopback(sets)

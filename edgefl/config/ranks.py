@@ -1,0 +1,30 @@
+"""How many MPI ranks a job gets: ``fleet.ranks``, or for ``"auto"`` what fits this machine."""
+
+from __future__ import annotations
+
+import os
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where the
+    platform has no affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
+def rank_count(cfg: dict, cores: int | None = None) -> int:
+    """The ranks ``edgefl simulate`` and ``edgefl.simulate`` launch for ``cfg``: the
+    coordinator, the ``ps.servers`` shard ranks and the worker ranks.
+
+    ``fleet.ranks = "auto"``: one worker per usable core (``cores``, default
+    :func:`usable_cores`; under the virtual clock rank 0 mostly waits, so it gets no core
+    of its own). A number is taken as given. Either way there are no more worker ranks than
+    devices (an idle worker rank would only cost memory).
+    """
+    fleet, servers = cfg["fleet"], cfg["ps"]["servers"]
+    ranks = fleet["ranks"]
+    if ranks == "auto":
+        ranks = 1 + servers + (usable_cores() if cores is None else max(1, cores))
+    return min(ranks, fleet["devices"] + 1 + servers)

@@ -1,0 +1,184 @@
+"""Portable kernels (``run.kernels``, edgefl/kernels.py): the same config trains the same
+model whatever CPU kernels the machine would pick by itself.
+
+An AVX2-only machine is stood in for by ``ATEN_CPU_CAPABILITY=avx2``; on a machine with
+AVX-512 the unpinned environment is the AVX-512 one. In portable mode both give the hashes
+recorded in tests/golden/models.json. On an AVX-512 machine native mode is shown to give
+another model (so the golden set would notice kernel drift at all).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_edgefl
+from golden.configs import load_models, simulate_argv
+
+from edgefl import kernels
+
+HERE = Path(__file__).resolve().parent
+MODELS = load_models()
+# every variable edgefl.kernels pins, and the mode it leaves for the ranks
+PINNED = (*kernels.PORTABLE_ENV_X86, kernels.KERNELS_ENV)
+
+
+def _has(flag: str) -> bool:
+    try:
+        return any(
+            line.startswith("flags") and f" {flag}" in line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+        )
+    except OSError:
+        return False
+
+
+AVX512 = _has("avx512f")
+X86 = bool(kernels.portable_env())
+
+
+def machine_env(**extra: str) -> dict[str, str]:
+    """This process's environment as a user's shell would have it: none of the portable
+    settings (this test session pinned them in os.environ), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in PINNED}
+    env.update(extra)
+    return env
+
+
+def in_env(mode: str, env: dict[str, str], *names: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "golden" / "in_env.py"), mode, *names],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def mismatches(got: dict) -> dict:
+    return {
+        n: (sha[:12], MODELS[n]["model_sha256"][:12])
+        for n, sha in got["models"].items()
+        if sha != MODELS[n]["model_sha256"]
+    }
+
+
+@pytest.mark.skipif(not X86, reason="portable mode pins x86-64 kernels only")
+@pytest.mark.parametrize(
+    "capability",
+    ["avx512", "avx2"],
+    ids=["machine-default-avx512", "avx2-machine"],
+)
+def test_the_golden_set_is_the_same_under_either_capability(capability):
+    """Every loopback golden config, in a fresh process whose environment asks torch for
+    ``capability`` (on an AVX2-only CPU a request for AVX-512 falls back to AVX2) and MKL
+    for its own path: portable mode overrides both, and the recorded models come out."""
+    got = in_env("portable", machine_env(ATEN_CPU_CAPABILITY=capability, MKL_CBWR="AUTO"))
+    fp = got["fingerprint"]
+    assert (fp["cpu_capability"], fp["mkl_path"]) == ("AVX2", "AVX2"), fp
+    assert len(got["models"]) >= 40
+    assert mismatches(got) == {}
+
+
+@pytest.mark.skipif(not AVX512, reason="needs a CPU with AVX-512 to differ from AVX2")
+def test_native_kernels_of_an_avx512_machine_train_another_model():
+    """The check above can fail: with native kernels this AVX-512 machine trains other
+    models for the configs big enough to use vectorised kernels."""
+    got = in_env("native", machine_env(), "default_job", "cnn_digits", "mlp_digits")
+    assert got["fingerprint"]["cpu_capability"].startswith("AVX512"), got["fingerprint"]
+    assert set(mismatches(got)) == {"default_job", "cnn_digits", "mlp_digits"}
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not X86, reason="portable mode pins x86-64 kernels only")
+@pytest.mark.parametrize("name", ["default_job", "cnn_digits"])
+def test_edgefl_simulate_pins_every_rank(name, launcher, tmp_path):
+    """The real CLI over mpiexec, from a shell that asks for AVX-512 kernels: the launcher
+    pins portable kernels for every rank, and summary.json says so."""
+    entry = MODELS[name]
+    out = tmp_path / "run"
+    env = machine_env(ATEN_CPU_CAPABILITY="avx512")
+    proc = run_edgefl(*simulate_argv(entry["set"], out), cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model_sha256"] == entry["model_sha256"]
+    assert summary["numerics"]["cpu_capability"] == "AVX2"
+    assert summary["numerics"]["kernels"] == "portable"
+    assert summary["numerics_differ"] == {}
+
+
+def test_pin_refuses_an_unknown_mode():
+    with pytest.raises(ValueError, match="expected one of portable, native"):
+        kernels.pin("fast")
+
+
+def test_the_fingerprint_names_what_differs():
+    a = {k: "x" for k in kernels.COMPARED}
+    b = dict(a, cpu_capability="AVX512", probe="y")
+    assert kernels.differences(a, b) == ["cpu_capability x -> AVX512", "probe x -> y"]
+    assert kernels.differences(a, dict(a)) == []
+    assert kernels.differences(None, b) == []
+    line = kernels.mismatch_line("the checkpoint was written", a, b)
+    assert "cpu_capability x -> AVX512" in line and "not promised" in line
+
+
+def test_a_process_that_ran_torch_first_is_told(tmp_path):
+    """In-process runs cannot re-pin kernels torch already chose: a one-line warning."""
+    code = (
+        "import torch; torch.log_softmax(torch.randn(4, 10), 1); "
+        "from edgefl import kernels; print(kernels.pin('portable'))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=machine_env(), timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    if AVX512:
+        assert "torch already runs AVX512 kernels" in proc.stdout
+    else:
+        assert proc.stdout.strip() == "None"
+
+
+def test_registration_names_a_rank_with_other_numerics(caplog):
+    """Rank 0 compares every REGISTER's fingerprint with its own: a differing rank is one
+    warning line and a ``numerics_differ`` entry of summary.json; a re-host onto it too."""
+    from types import SimpleNamespace
+
+    from edgefl.runtime.registration import check_numerics, rehost_numerics
+
+    mine = {k: "same" for k in kernels.COMPARED}
+    other = dict(mine, cpu_capability="AVX512")
+    core = SimpleNamespace(
+        numerics=mine,
+        numerics_differ={},
+        rank_info={1: {"host": "a", "numerics": mine}, 2: {"host": "b", "numerics": other}},
+    )
+    with caplog.at_level("WARNING", logger="edgefl.coordinator"):
+        check_numerics(core)
+        rehost_numerics(core, 7, 1, 2)
+        rehost_numerics(core, 8, 2, 2)
+    assert core.numerics_differ == {"2": ["cpu_capability same -> AVX512"]}
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("rank 2 (b) computes with other numerics than rank 0")
+    assert lines[1].startswith("device 7 moved from rank 1 to rank 2, which computes")
+
+
+def test_a_checkpoint_records_its_numerics_and_inspect_shows_them(tmp_path):
+    """The checkpoint and summary.json of a run carry rank 0's fingerprint; ``edgefl
+    inspect`` prints it and, on the machine that wrote it, warns of nothing."""
+    from golden.configs import run_loopback_dir
+
+    from edgefl.ckpt import load_checkpoint
+
+    sets = [*MODELS["fedavg_small"]["set"], "run.checkpoint_every=2"]
+    summary = run_loopback_dir(sets, tmp_path / "run")
+    ckpt = sorted((tmp_path / "run" / "checkpoints").glob("ckpt-*.h5"))[-1]
+    saved = json.loads(load_checkpoint(ckpt)["numerics"])
+    assert saved == summary["numerics"]
+    assert saved["kernels"] == "portable" and saved["threads"] == 1
+    proc = run_edgefl("inspect", str(ckpt))
+    assert proc.returncode == 0, proc.stderr
+    assert "  numerics: kernels portable, torch " in proc.stdout
+    assert "warning" not in proc.stderr, proc.stderr
