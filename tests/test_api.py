@@ -19,6 +19,7 @@ import edgefl
 from edgefl.api import config_doc, simulation_config
 from edgefl.cli import main
 from edgefl.config import load_config, parse_override
+from edgefl.config.ranks import usable_cores
 from edgefl.errors import ConfigError
 from edgefl.models.flat import FlatParams
 from edgefl.runtime.summary import model_sha256
@@ -150,7 +151,8 @@ def test_config_dict_forms():
     nested = config_doc({"fleet": {"devices": 3}, "run.rounds": 2, "data.args": {"dim": 7}})
     cfg, ranks = simulation_config(None, [], doc=nested)
     want, _ = simulation_config(None, ["fleet.devices=3", "run.rounds=2", "data.args.dim=7"])
-    assert cfg == want and ranks == 4  # 5 ranks capped at devices + 1
+    # fleet.ranks = auto: a worker per core, capped at devices + 1
+    assert cfg == want and ranks == min(1 + usable_cores(), 4)
     assert config_doc({"model.name": Boom}) == {"model": {"name": "test_api:Boom"}}
     with pytest.raises(ConfigError, match="'fleet.devices' is given twice"):
         config_doc({"fleet.devices": 3, "fleet": {"devices": 4}})

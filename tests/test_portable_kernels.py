@@ -182,3 +182,51 @@ def test_a_checkpoint_records_its_numerics_and_inspect_shows_them(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "  numerics: kernels portable, torch " in proc.stdout
     assert "warning" not in proc.stderr, proc.stderr
+
+
+def test_a_resume_under_other_numerics_warns_and_goes_on(tmp_path, caplog):
+    """A checkpoint written by a machine that computes differently (its fingerprint edited
+    here to another CPU capability) resumes, with one warning line naming the difference."""
+    from golden.configs import run_loopback_dir
+
+    from edgefl.ckpt import load_checkpoint, save_checkpoint
+
+    sets = [*MODELS["fedavg_small"]["set"], "run.checkpoint_every=2"]
+    run_loopback_dir(sets, tmp_path / "run")
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "ckpt-000002.h5")
+    other = dict(json.loads(state["numerics"]), cpu_capability="AVX512", probe="0" * 16)
+    state["numerics"] = json.dumps(other)
+    elsewhere = tmp_path / "elsewhere.h5"
+    save_checkpoint(elsewhere, state)
+    with caplog.at_level("WARNING", logger="edgefl.coordinator"):
+        summary = run_loopback_dir(sets, tmp_path / "resumed", resume=elsewhere)
+    lines = [r.getMessage() for r in caplog.records if "other numerics" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "cpu_capability AVX512 -> AVX2" in lines[0] and "the run goes on" in lines[0]
+    assert summary["model_sha256"] == MODELS["fedavg_small"]["model_sha256"]
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not X86, reason="portable mode pins x86-64 kernels only")
+def test_a_hand_started_mpirun_edgefl_run_pins_every_rank(launcher, tmp_path):
+    """``mpiexec -n 3 edgefl run job.toml`` as on a cluster, without edgefl simulate (so no
+    launcher sets the environment), from a shell that asks for AVX-512: each rank pins the
+    portable kernels itself after reading the config, and the golden model comes out."""
+    from conftest import run_launch
+    from golden.configs import effective_config
+
+    from edgefl.config import dump_config
+
+    entry = MODELS["default_job"]
+    cfg, _ = effective_config(entry["set"])
+    conf = tmp_path / "job.toml"
+    conf.write_text(dump_config(cfg))
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "edgefl", "run", str(conf), "--out", str(out)]
+    proc = run_launch(launcher.command(3, argv), cwd=tmp_path, timeout=300,
+                      env=machine_env(ATEN_CPU_CAPABILITY="avx512"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["numerics"]["cpu_capability"] == "AVX2"
+    assert summary["numerics_differ"] == {}
+    assert summary["model_sha256"] == entry["model_sha256"]

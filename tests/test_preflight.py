@@ -378,3 +378,51 @@ def test_a_closed_pipe_ends_quietly_with_status_141(tmp_path):
     finally:
         os.close(write)
     assert (proc.returncode, proc.stderr) == (141, "")
+
+
+# -- bad data from a plug-in, through the real command (F5, F7 of the trust issue) ----------
+BAD_DATA = """
+import numpy as np
+
+
+def make(num_devices, seed, fault):
+    rng = np.random.default_rng(seed)
+    def part(k, n=20):
+        x = rng.normal(size=(n, 6)).astype(np.float32)
+        y = rng.integers(0, 3, size=n).astype(np.float32)
+        if fault == "float64" and k == 2:
+            x = x.astype(np.float64)
+        if fault == "inf-label" and k == 1:
+            y[4] = np.inf
+        return x, y
+    return [part(k) for k in range(num_devices)], part(-1, 30)
+"""
+
+
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        (
+            "float64",
+            "train[2] (device 2) has float64 features, train[0] (device 0) float32: every "
+            "device and the test set must give features of one dtype",
+        ),
+        ("inf-label", "train[1]: labels must be whole numbers, found inf"),
+    ],
+)
+def test_a_plugin_with_bad_data_is_one_line_from_the_command(tmp_path, fault, message):
+    """One device's float64 features among float32 ones, an inf label: the command says so
+    in one line naming the device (exit status 2), writes nothing, and shows no
+    traceback (previously: accepted silently, and 'found -9223372036854775808')."""
+    (tmp_path / "bad_data_src.py").write_text(BAD_DATA)
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgefl", "simulate", "--dry-run", "--out", str(out),
+         "--set", "fleet.devices=4", "--set", "data.source=bad_data_src:make",
+         "--set", f'data.args={{fault = "{fault}"}}'],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not out.exists()

@@ -18,6 +18,7 @@ CLICKS = [
     "--set", "data.source=clicks", "--set", "model.name=logreg", "--rounds", str(ROUNDS),
     "--set", "data.args={features=2000, samples_per_device=200, nnz_per_example=10}",
     "--set", "output.progress=quiet", "--set", "seed=5",
+    "--ranks", "5",  # (4 workers of 2 devices each: working sets well under half the model)
 ]  # fmt: skip
 WS = ["--set", "ps.pull=working-set"]
 

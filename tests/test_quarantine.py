@@ -23,7 +23,8 @@ def test_nan_device_is_excluded_then_quarantined(tmp_path, capsys):
     assert all(v["rounds"] == 8 for d, v in s["devices"].items() if d != "3")
     assert s["rejected"] == 0  # not a malformed message: a quarantine
     out = capsys.readouterr().out
-    assert "device 3 (rank 4) task 0: non-finite loss nan; excluded from aggregation" in out
+    rank = 1 + 3 % s["workers"]  # (device d lives on rank 1 + d mod workers)
+    assert f"device 3 (rank {rank}) task 0: non-finite loss nan; excluded from aggregation" in out
     assert "device 3 quarantined: 3 non-finite updates in a row" in out
     assert s["final_accuracy"] > 0.4  # (10 classes: the others trained on)
 

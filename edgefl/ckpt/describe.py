@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
+from typing import Any
 
 from edgefl.ckpt.plan import Node, decode_leaf, short_value, unescape_key
 from edgefl.ckpt.store import read_checkpoint
@@ -64,7 +65,7 @@ def _layouts(nodes: list[Node]) -> list[str]:
     return lines
 
 
-def describe_checkpoint(path: str | os.PathLike) -> str:
+def describe_checkpoint(path: str | os.PathLike, ck: Any = None) -> str:
     """Multi-line summary: header (format version, write time, sizes, counts, what was
     verified), recognised sections (``round``, model layouts) and the key tree with dtypes,
     shapes and scalar values (long groups and strings are elided).
@@ -73,7 +74,7 @@ def describe_checkpoint(path: str | os.PathLike) -> str:
     commit marker, format_version, crc32 of every dataset, the resume schema of a run's
     checkpoint): a bad file raises CheckpointError (one line) and nothing is described.
     """
-    ck = read_checkpoint(path)
+    ck = read_checkpoint(path) if ck is None else ck  # (``ck``: the caller's read of it)
     nodes = ck.nodes
     leaves = [n for n in nodes if n.kind != "group"]
     arrays = [n for n in leaves if n.kind == "ndarray"]

@@ -16,7 +16,8 @@ with `edgefl config show [CONFIG]`.
 
 Errors name the key: an unknown key suggests the closest valid one, a wrong type or range
 states the expectation, and the command exits with status 2 (`edgefl simulate` checks the
-config, data source and model before it starts MPI).
+config, data source and model in a pre-launch check, before the job starts or writes
+anything).
 """
 
 

@@ -153,6 +153,9 @@ def as_label_tensor(y: Any, where: str) -> torch.Tensor:
     """Convert labels to an int64 tensor; float labels must hold whole numbers, none < 0."""
     t = _to_tensor(y, where, "labels")
     if t.is_floating_point():
+        if t.numel() and not torch.isfinite(t).all():
+            bad = t[~torch.isfinite(t)][0].item()
+            raise DataError(f"{where}: labels must be whole numbers, found {bad}")
         if t.numel() and not torch.equal(t, torch.round(t)):
             raise DataError(f"{where}: labels must be whole numbers, got non-integer floats")
     elif t.dtype == torch.bool or t.is_complex():

@@ -131,6 +131,7 @@ def wrap_result(
             f"of {num_devices} datasets"
         )
     task = info.task if info is not None else "classification"
+    _check_one_dtype([*items, test_raw], where)
     train = [_as_dataset(item, f"{where}: train[{k}]", task) for k, item in enumerate(items)]
     for k, ds in enumerate(train):
         if len(ds) == 0:  # type: ignore[arg-type]
@@ -144,6 +145,39 @@ def wrap_result(
         if not isinstance(info, DataInfo):
             info = _infer_info(test, where, args.get("num_classes"))
     return WrappedFederated(train, test, info)
+
+
+def _feature_dtype(obj: Any) -> str | None:
+    """The dtype of a dataset's features as the plug-in gave them (before edgefl converts
+    floats to float32), where it can be read without indexing: an ``(x, y)`` pair of
+    arrays or a two-tensor TensorDataset; else None."""
+    if isinstance(obj, TensorDataset) and len(obj.tensors) == 2:
+        return str(obj.tensors[0].dtype).replace("torch.", "")
+    if isinstance(obj, tuple | list) and len(obj) == 2:
+        dtype = getattr(obj[0], "dtype", None)
+        return str(dtype).replace("torch.", "") if dtype is not None else None
+    return None
+
+
+def _check_one_dtype(datasets: list, where: str) -> None:
+    """Every device's features (and the test set's) come in one dtype: a device whose
+    features are float64 among float32 ones (or integers among floats) is most likely a
+    bug in the plug-in, which converting them all to float32 would hide."""
+    seen: dict[str, int] = {}
+    for k, ds in enumerate(datasets):
+        dtype = _feature_dtype(ds)
+        if dtype is not None:
+            seen.setdefault(dtype, k)
+    if len(seen) > 1:
+        (a, i), (b, j) = sorted(seen.items(), key=lambda kv: kv[1])[:2]
+
+        def name(n: int) -> str:
+            return "the test set" if n == len(datasets) - 1 else f"train[{n}] (device {n})"
+
+        raise DataError(
+            f"{where}: {name(j)} has {b} features, {name(i)} {a}: every device and the test "
+            "set must give features of one dtype (cast them in the data source)"
+        )
 
 
 def _describe(obj: Any) -> str:

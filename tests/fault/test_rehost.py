@@ -34,7 +34,8 @@ TESTS = Path(__file__).parent.parent  # (tests/nan_client.py: the broken user cl
 
 def _start(out: Path, *sets: str, env: dict | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "edgefl", "simulate", "--out", str(out)]
-    for s in ("output.progress=quiet", *sets):
+    # 4 worker ranks (fleet.ranks = 5, not the machine's "auto"): the tests name victims 1-4
+    for s in ("output.progress=quiet", "fleet.ranks=5", *sets):
         cmd += ["--set", s]
     e = {**os.environ, **(env or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
