@@ -4,7 +4,7 @@
 (the effective config and the rank count), :func:`check_ranks_can_import`, :func:`preflight`
 (the pre-launch check), :func:`mpi_launcher`, :func:`mpi_command` and
 :func:`launch_checked` (:func:`launch_mpi` with the check done by rank 0 while the other
-ranks start).
+ranks start); with ``--backend inline``, :func:`run_in_process`, as :func:`simulate`.
 Heavy modules (torch, the runtime) are imported only when a function needs them, so
 ``import edgefl`` stays cheap. docs/python-api.md is the walkthrough.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -120,7 +121,7 @@ def simulate(
     *,
     overrides: Mapping[str, Any] | None = None,
     out: str | Path | None = None,
-    backend: str = "mpi",
+    backend: str | None = None,
 ) -> Result:
     """Run a job on this machine and return its :class:`Result`.
 
@@ -135,10 +136,12 @@ def simulate(
             the current directory (``-2``, ``-3``, ... appended if taken; ``<name>``: the
             config file's stem, ``default`` or ``config`` for a dict). A given directory
             must not already hold a run.
-        backend: default ``"mpi"``: launch ``mpiexec`` with ``fleet.ranks`` ranks, as
-            ``edgefl simulate`` does. ``"inline"``: coordinator and workers in this process
-            (threads over the in-process loopback transport, no MPI); same run directory
-            and, for the same config and seed, the same final model.
+        backend: default None: the config's ``run.backend`` (``"mpi"`` unless set).
+            ``"mpi"``: launch ``mpiexec`` with ``fleet.ranks`` ranks, as ``edgefl simulate``
+            does. ``"inline"``: coordinator and workers in this process (threads over the
+            in-process loopback transport, no MPI), as ``edgefl simulate --backend inline``
+            does; same run directory and, for the same config and seed, the same final
+            model. A backend given here wins over ``run.backend``.
 
     A class or function given as a config value (``{"model.name": MyNet}``) stands for its
     ``'module:qualname'``. Objects of ``__main__`` (a script, a notebook) work only with
@@ -150,33 +153,34 @@ def simulate(
         RunFailed: the run ended with a nonzero exit status.
         ValueError: an unknown ``backend``.
     """
-    if backend not in BACKENDS:
+    if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
     path, doc, stem = _config_source(config)
     cfg, ranks = simulation_config(path, override_list(overrides), doc=doc)
-    launcher = None
+    backend = cfg["run"]["backend"] if backend is None else backend
+    from .runtime.rundir import prepare_run_dir, resolve_run_dir
+
+    def run_dir_of(cfg: dict) -> Path:
+        found = resolve_run_dir(cfg, str(out) if out is not None else None, None, stem)
+        if out is None and not cfg["run"]["out"]:
+            found = _unused(found)  # runs started within the same second (a sweep)
+        return found
+
+    detail = ""
     if backend == "mpi":
         check_ranks_can_import(cfg)
         launcher, cfg = mpi_launcher(cfg)
+        preflight(cfg)
+        run_dir = run_dir_of(cfg)
+        prepare_run_dir(run_dir, cfg, resuming=False)
+        print(banner(cfg, ranks, launcher, run_dir), flush=True)
+        status = launch_mpi(mpi_command(launcher, ranks, run_dir), run_dir, relay=_needs_relay())
     else:
         from .runtime.inline import check_inline
 
         check_inline(cfg)
-    preflight(cfg)
-    from .runtime.rundir import prepare_run_dir, resolve_run_dir
-
-    run_dir = resolve_run_dir(cfg, str(out) if out is not None else None, None, stem)
-    if out is None and not cfg["run"]["out"]:
-        run_dir = _unused(run_dir)  # runs started within the same second (a sweep)
-    prepare_run_dir(run_dir, cfg, resuming=False)
-    detail = ""
-    if launcher is not None:
-        print(banner(cfg, ranks, launcher, run_dir), flush=True)
-        status = launch_mpi(mpi_command(launcher, ranks, run_dir), run_dir, relay=_needs_relay())
-    else:
-        from .runtime.inline import run_inline
-
-        status, detail = run_inline(run_dir, ranks)
+        run_dir = run_dir_of(cfg)
+        status, detail = run_in_process(cfg, ranks, run_dir)
     if status != 0:
         if not detail and (run_dir / "summary.json").is_file():
             detail = _read_json(run_dir / "summary.json").get("stopped") or ""
@@ -498,6 +502,106 @@ def _preflight_child() -> int:
     flush_and_exit(status)
 
 
+# -- the in-process backend ---------------------------------------------------------------
+def run_in_process(
+    cfg: dict,
+    ranks: int,
+    run_dir: Path,
+    resume: str | None = None,
+    state: dict | None = None,
+) -> tuple[int, str]:
+    """The in-process backend's launch, shared by ``edgefl simulate --backend inline`` and
+    :func:`simulate` (``backend="inline"``): the pre-launch check (:func:`preflight`, here),
+    the run directory (continuing checkpoint ``resume``: ``state`` is what
+    :func:`edgefl.ckpt.resume_checkpoint` read from it, read here when None), the banner
+    line, then the job on ``ranks`` ranks in this process
+    (:func:`edgefl.runtime.inline.run_inline`). :func:`edgefl.runtime.inline.check_inline`
+    is the caller's, before anything else.
+
+    Returns (exit status, error line or ""), as the MPI backend's: 0 completed, 2 an error
+    (its line already printed), 3 stopped early. SIGINT, SIGTERM or SIGHUP (handled when
+    this is the main thread) stop every rank: exit status 130 in the run directory and one
+    line on stderr; after a SIGINT, KeyboardInterrupt is raised again (the CLI: status 130).
+    """
+    from .runtime.inline import run_inline
+    from .runtime.rundir import check_run_identity, prepare_run_dir
+
+    preflight(cfg)
+    if resume and state is None:
+        from .ckpt import resume_checkpoint
+
+        state = resume_checkpoint(resume)[1]
+    if state is not None:  # not into another run's directory (as rank 0 under MPI)
+        check_run_identity(run_dir, state.get("run_id"), str(resume))
+    prepare_run_dir(run_dir, cfg, resuming=state is not None)
+    print(inline_banner(cfg, ranks, run_dir), flush=True)
+    with _StopSignals() as stop:
+        try:
+            return run_inline(run_dir, ranks, state)
+        except KeyboardInterrupt:
+            from .launcher import INTERRUPTED, signal_name
+
+            name = signal_name(stop.signum or signal.SIGINT)
+            line = f"interrupted by {name}: the job was stopped (exit status {INTERRUPTED})"
+            print(f"edgefl simulate: {line}", file=sys.stderr, flush=True)
+            if stop.signum in (0, signal.SIGINT):
+                raise
+            return INTERRUPTED, line
+
+
+def inline_banner(cfg: dict, ranks: int, run_dir: Path) -> str:
+    """The line the in-process backend prints before the job starts."""
+    return (
+        f"edgefl simulate: {_inline_fleet(cfg, ranks)} in this process (threads, no MPI), "
+        f"run directory {run_dir}"
+    )
+
+
+def inline_plan(cfg: dict, ranks: int) -> str:
+    """What ``edgefl simulate --backend inline --dry-run`` prints: what would run."""
+    return f"inline: {ranks} ranks in this process (threads, no MPI): {_inline_fleet(cfg, ranks)}"
+
+
+def _inline_fleet(cfg: dict, ranks: int) -> str:
+    servers = cfg["ps"]["servers"]
+    return (
+        f"{cfg['fleet']['devices']} devices on {ranks - 1 - servers} worker "
+        f"ranks + {f'{servers} server shards + ' if servers else ''}coordinator"
+    )
+
+
+class _StopSignals:
+    """While in effect (in the main thread only): SIGINT, SIGTERM and SIGHUP raise
+    KeyboardInterrupt in the main thread (the in-process job's coordinator); ``signum`` is
+    the first one received (0: none)."""
+
+    NAMES = ("SIGINT", "SIGTERM", "SIGHUP")
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._old: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signum = self.signum or signum
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for name in self.NAMES:
+                s = getattr(signal, name, None)
+                if s is None:
+                    continue
+                try:
+                    self._old[s] = signal.signal(s, self._on_signal)
+                except (ValueError, OSError):  # not the main interpreter
+                    pass
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
 # -- the MPI backend ----------------------------------------------------------------------
 def check_mpi4py() -> None:
     """EdgeflError with the install command when mpi4py is missing."""
@@ -555,6 +659,7 @@ def launch_mpi(cmd: list[str], run_dir: Path, relay: bool = False) -> int:
     ``sys.stdout``/``sys.stderr`` (a notebook) instead of sharing its file descriptors."""
 
     from .launcher import Supervisor, child_env
+    from .runtime.rundir import release_run_dir
 
     status_file = run_dir / "exit_status"
     status_file.unlink(missing_ok=True)
@@ -564,6 +669,7 @@ def launch_mpi(cmd: list[str], run_dir: Path, relay: bool = False) -> int:
     else:
         sup.start(cmd)
         returncode = sup.wait()
+    release_run_dir(run_dir)  # (the job is over: another may take the run directory)
     return _concluded(sup, returncode)
 
 
@@ -595,7 +701,7 @@ def launch_checked(
     import time
 
     from .launcher import GATE_ENV, KILLED, Supervisor, child_env
-    from .runtime.rundir import prepare_run_dir
+    from .runtime.rundir import prepare_run_dir, release_run_dir
 
     status_file = run_dir / "exit_status"
     check = Path(tempfile.mkdtemp(prefix="edgefl-check-"))
@@ -637,6 +743,7 @@ def launch_checked(
         returncode = sup.wait()
     finally:
         shutil.rmtree(check, ignore_errors=True)
+        release_run_dir(run_dir)  # (held since prepare_run_dir, for the job's life)
     return _concluded(sup, returncode)
 
 

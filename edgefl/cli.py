@@ -49,7 +49,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("simulate", help="launch mpiexec on this machine and run a job")
+    p = sub.add_parser(
+        "simulate", help="run a job on this machine (mpiexec, or --backend inline: in-process)"
+    )
     _add_config_args(p, config_optional=True)
     p.add_argument("--devices", type=int, help="number of devices (fleet.devices)")
     p.add_argument(
@@ -60,7 +62,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, help="global rounds (run.rounds)")
     p.add_argument("--out", help="run directory (default runs/<time>-<name>)")
     p.add_argument("--resume", metavar="CKPT.h5", help="continue from a checkpoint")
-    p.add_argument("--dry-run", action="store_true", help="print the mpiexec command only")
+    p.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="--resume without a config file: run the code the checkpoint's config names",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("mpi", "inline"),
+        help="mpi: launch mpiexec; inline: every rank in this process, threads, no MPI "
+        "(run.backend, default mpi)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print what would run (the mpiexec command) only"
+    )
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("run", help="run inside an existing mpirun/srun job")
@@ -165,18 +180,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         PreflightFailed,
         banner,
         check_ranks_can_import,
+        inline_plan,
         launch_checked,
         mpi_command,
         mpi_launcher,
         preflight_apart,
+        run_in_process,
         simulation_config,
     )
-    from .runtime.rundir import resolve_run_dir
+    from .runtime.rundir import check_run_dir, resolve_run_dir
 
     _quick_exit()
     doc = None
     if args.resume:
         from .ckpt import resume_checkpoint
+        from .trust import check_resume_args
 
         # before MPI: a bad file (digest, schema) is one line; a directory: its newest good one
         resume, resumed = resume_checkpoint(args.resume)
@@ -188,14 +206,29 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             doc = tomllib.loads(resumed["config_toml"])
             # fault-test hooks describe the interrupted job, not its continuation
             doc.get("debug", {}).pop("kill_ranks", None)
+            check_resume_args(doc, args)  # its code runs only on your say-so (edgefl/trust.py)
         del resumed
     # the effective config the ranks run with (written to the run directory)
-    cfg, ranks = simulation_config(args.config, _overrides(args), doc=doc)
-    check_ranks_can_import(cfg)
-    launcher, cfg = mpi_launcher(cfg)
+    backend = [f'run.backend="{args.backend}"'] if args.backend else []  # (wins over --set)
+    cfg, ranks = simulation_config(args.config, _overrides(args) + backend, doc=doc)
+    inline = cfg["run"]["backend"] == "inline"
+    if inline:  # every rank in this process, as edgefl.simulate(backend="inline")
+        from .runtime.inline import check_inline
+
+        check_inline(cfg)
+    else:
+        check_ranks_can_import(cfg)
+        launcher, cfg = mpi_launcher(cfg)
     run_dir = resolve_run_dir(cfg, args.out, args.resume, _stem(args.config))
-    cmd = mpi_command(launcher, ranks, run_dir, args.resume)
+    check_run_dir(run_dir, args.resume)  # not another job's, not another run's (rundir.py)
     try:
+        if inline:
+            if args.dry_run:
+                preflight_apart(cfg)
+                print(f"{inline_plan(cfg, ranks)}, run directory {run_dir}")
+                return 0
+            return run_in_process(cfg, ranks, run_dir, args.resume)[0]
+        cmd = mpi_command(launcher, ranks, run_dir, args.resume)
         if args.dry_run:
             preflight_apart(cfg)  # (in a child process: this one never loads torch)
             print(" ".join(cmd))
@@ -293,23 +326,22 @@ def _leave_rank(status: int) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .ckpt import describe_checkpoint
+    from .ckpt import describe_checkpoint, read_checkpoint
 
-    text = describe_checkpoint(args.checkpoint)  # verifies all of it before printing any
-    sys.stdout.write(text + "\n")
+    ck = read_checkpoint(args.checkpoint)  # verifies all of it before printing any
+    sys.stdout.write(describe_checkpoint(args.checkpoint, ck) + "\n")
     sys.stdout.flush()  # a closed pipe (| head) raises here, inside main(), not at exit
-    _compare_numerics(args.checkpoint)
+    _compare_numerics(ck.nodes)
     return 0
 
 
-def _compare_numerics(path: str) -> None:
+def _compare_numerics(nodes: list) -> None:
     """One warning line when this machine (in the checkpoint's kernels mode) computes
-    differently from the one that wrote the checkpoint: a resume here goes on, but is not
-    promised to end with the uninterrupted run's model."""
-    from .ckpt import read_checkpoint
+    differently from the one that wrote the checkpoint (``nodes``: its entries): a resume
+    here goes on, but is not promised to end with the uninterrupted run's model."""
     from .ckpt.describe import checkpoint_numerics
 
-    saved = checkpoint_numerics(read_checkpoint(path).nodes)
+    saved = checkpoint_numerics(nodes)
     if not saved:
         return
     from . import kernels

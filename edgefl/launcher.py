@@ -32,6 +32,9 @@ LAUNCHER_ENV = "EDGEFL_LAUNCHER"
 # file that exists once the job may start (edgefl.cli.cmd_run waits for it)
 GATE_ENV = "EDGEFL_GATE"
 GRACE_S = 3.0  # after SIGTERM, seconds mpiexec and the ranks get before SIGKILL
+# after a stop signal, seconds the ranks get to end the run in order (rank 0 checkpoints and
+# stops the workers) before mpiexec is told to end them (edgefl.rankwrap.defer_stop)
+STOP_GRACE_S = 6.0
 
 
 @dataclass(frozen=True)
@@ -204,8 +207,11 @@ class Supervisor:
     """Runs mpiexec in a session of its own, so only this process decides how it stops.
 
     SIGINT, SIGTERM or SIGHUP of this process (handled when it runs Python's main thread)
-    records ``exit_status`` 130, sends mpiexec SIGTERM (Open MPI then ends every rank) and,
-    if mpiexec is still there ``GRACE_S`` later or a second signal comes, SIGKILL. When
+    records ``exit_status`` 130 and passes the signal on to the ranks (found by
+    ``EDGEFL_LAUNCHER``, Linux): rank 0 checkpoints, writes its summary and stops the
+    workers. If mpiexec is still there ``STOP_GRACE_S`` later, it gets SIGTERM (Open MPI
+    then ends every rank) and, ``GRACE_S`` after that or when a second signal comes,
+    SIGKILL. When
     mpiexec is gone, ranks still running (found by ``EDGEFL_LAUNCHER`` in their environment,
     Linux) get ``GRACE_S`` to exit, then SIGKILL. If this process is SIGKILLed itself, the
     ranks notice within a second (:class:`edgefl.rankwrap.RankGuard`) and exit.
@@ -230,6 +236,7 @@ class Supervisor:
         self.proc: subprocess.Popen | None = None
         self.signum = 0  # the first stop signal received
         self.kill_at: float | None = None
+        self.term_at: float | None = None  # (a stop signal: when mpiexec gets SIGTERM)
         self._old: dict[int, object] = {}
         # False while the ranks wait for the pre-launch check (GATE_ENV): nothing of the
         # run exists yet, so a stop signal raises KeyboardInterrupt here (see abandon)
@@ -251,7 +258,7 @@ class Supervisor:
             self.restore()
             raise
         if self.signum:  # a signal came while it started
-            self._terminate()
+            self._interrupt()
         return self.proc
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -266,9 +273,26 @@ class Supervisor:
             write_status(self.status_file, INTERRUPTED)  # before the ranks go (they keep it)
         except OSError:
             pass  # (conclude writes it again)
-        self._terminate()
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        """The ranks end the run in order (rank 0 checkpoints); mpiexec is told later."""
+        launch = self.env.get(LAUNCHER_ENV, "")
+        found = launched_by(launch) if launch and os.path.isdir("/proc") else []
+        mpiexec = self.proc.pid if self.proc is not None else -1
+        ranks = [p for p in found if p != mpiexec and _is_python(p)]
+        for pid in ranks:  # (the signal this process got: the ranks say which)
+            try:
+                os.kill(pid, self.signum or signal.SIGTERM)
+            except OSError:
+                pass
+        if not ranks:
+            self._terminate()
+        elif self.proc is not None and self.proc.poll() is None:
+            self.term_at = time.monotonic() + STOP_GRACE_S
 
     def _terminate(self) -> None:
+        self.term_at = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.kill_at = time.monotonic() + GRACE_S
@@ -287,6 +311,8 @@ class Supervisor:
                     code = self.proc.wait(timeout=0.1)
                     break
                 except subprocess.TimeoutExpired:
+                    if self.term_at is not None and time.monotonic() >= self.term_at:
+                        self._terminate()
                     if self.kill_at is not None and time.monotonic() >= self.kill_at:
                         self._kill()
         except BaseException:  # (not the main thread: KeyboardInterrupt elsewhere)
@@ -359,6 +385,19 @@ def end_leftovers(launch: str, grace_s: float = GRACE_S) -> list[int]:
         except OSError:
             pass
     return left
+
+
+def _is_python(pid: int) -> bool:
+    """Whether ``pid`` runs a rank's Python (not mpiexec, its daemons or the per-rank
+    wrapper of MPICH launches, which passes signals on itself; Linux)."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            if not f.read().startswith("python"):
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"edgefl.rankwrap" not in f.read()
+    except OSError:
+        return False
 
 
 def launched_by(launch: str) -> list[int]:

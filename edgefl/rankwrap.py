@@ -11,10 +11,14 @@ rank promptly when it is told to stop or loses its launcher:
 
 Checks run on a thread every ``interval_s`` (0.2 s) and a signal wakes it at once (through
 ``signal.set_wakeup_fd``), so the rank leaves even while its main thread waits in the
-transport. Rank 0 writes the status into the run directory's ``exit_status`` unless a
-status is already there (``edgefl simulate`` writes 130 before stopping the ranks) and
-prints one line saying why; then the rank kills itself with that signal (no
-``MPI_Finalize``: the job is over; the other ranks see a failure).
+transport. Once the job runs, a stop signal is first handed to the runtime
+(:func:`defer_stop`): rank 0 then stops the run in order (checkpoint, summary, STOP to the
+workers, which keep serving it meanwhile), and the rank leaves as below only if it is still
+there ``grace_s`` later (:data:`STOP_GRACE_S`) or a second signal comes. Rank 0 writes the
+status into the run directory's ``exit_status`` unless a status is already there
+(``edgefl simulate`` writes 130 before stopping the ranks) and prints one line saying why;
+then the rank kills itself with that signal (no ``MPI_Finalize``: the job is over; the
+other ranks see a failure).
 
 ``python -m edgefl.rankwrap ARGV...``: the per-rank wrapper for MPICH / Intel MPI (Hydra)
 launches (docs/architecture.md, Failures). Hydra tears every rank down when one dies of a
@@ -43,6 +47,7 @@ STOP_SIGNALS = tuple(
     getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n)
 )
 LAUNCHER_LOST = KILLED + 9  # as if SIGKILLed
+STOP_GRACE_S = 5.0  # a deferred stop signal: seconds the runtime gets to end in order
 
 
 def _stat(pid: int) -> tuple[str, str] | None:
@@ -92,6 +97,10 @@ class RankGuard:
         self._pipe: tuple[int, int] | None = None
         self._old: dict[int, object] = {}
         self._old_fd = -1
+        self.on_stop = None  # (status, why) -> None: a stop signal, handled by the runtime
+        self.grace_s = STOP_GRACE_S
+        self._leave_at: float | None = None
+        self._deferred: tuple[int, str] | None = None
 
     def arm(self) -> RankGuard:
         """Catch the stop signals (main thread only; elsewhere only the checks run)."""
@@ -122,8 +131,10 @@ class RankGuard:
 
     def start(self) -> RankGuard:
         """Arm and start the checking thread (a daemon)."""
+        global _active
         self.arm()
         threading.Thread(target=self._run, name="edgefl-rank-guard", daemon=True).start()
+        _active = self
         return self
 
     def check(self, timeout: float = 0.0) -> tuple[int, str] | None:
@@ -144,8 +155,27 @@ class RankGuard:
     def _run(self) -> None:
         while True:
             found = self.check(self.interval_s)
+            if found is not None and found[0] != LAUNCHER_LOST and self._defer(found):
+                continue
             if found is not None:
                 self.leave(*found)
+            if self._leave_at is not None and time.monotonic() >= self._leave_at:
+                status, why = self._deferred or (LAUNCHER_LOST, "?")
+                self.leave(status, f"{why}, and the run did not end within {self.grace_s:g} s")
+
+    def _defer(self, found: tuple[int, str]) -> bool:
+        """A first stop signal while the runtime handles them: hand it over (True), leave
+        ``grace_s`` later if still here; a second one is not deferred (False)."""
+        if self.on_stop is None or self._deferred is not None:
+            return False
+        self._deferred = found
+        self._leave_at = time.monotonic() + self.grace_s
+        try:
+            self.record(*found)  # (rank 0: in case the run cannot end in order)
+            self.on_stop(*found)
+        except BaseException:  # noqa: BLE001 - then leave as without the runtime
+            return False
+        return True
 
     def use_status_file(self, path: Path) -> None:
         """Rank 0: where to record a stop (the run directory's ``exit_status``). Without a
@@ -204,6 +234,19 @@ def _die_by(signum: int) -> None:
 
 
 _fork_hook = False
+_active: RankGuard | None = None  # the guard started in this process (run_rank)
+
+
+def defer_stop(on_stop, grace_s: float = STOP_GRACE_S) -> bool:
+    """Let the runtime handle this rank's stop signals: ``on_stop(status, why)`` is called
+    (on the guard's thread; it should only set a flag) for the first one, and the rank
+    leaves ``grace_s`` later if it has not ended by then. ``on_stop=None`` undoes it.
+    False when no guard runs in this process (in-process backends, tests)."""
+    if _active is None:
+        return False
+    _active.grace_s = grace_s
+    _active.on_stop = on_stop
+    return True
 
 
 def _unguard_child() -> None:

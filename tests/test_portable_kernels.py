@@ -230,3 +230,26 @@ def test_a_hand_started_mpirun_edgefl_run_pins_every_rank(launcher, tmp_path):
     assert summary["numerics"]["cpu_capability"] == "AVX2"
     assert summary["numerics_differ"] == {}
     assert summary["model_sha256"] == entry["model_sha256"]
+
+
+def test_the_kernels_bench_jobs_are_valid_configs():
+    """``edgefl bench kernels`` runs three jobs: each is a valid config, the 10k one with
+    the requested fleet, all in both modes."""
+    import argparse
+
+    from edgefl.bench import kernels as bench
+    from edgefl.config import load_config
+
+    args = argparse.Namespace(seed=3, devices=123)
+    for job in bench.JOBS:
+        for mode in kernels.MODES:
+            cfg = load_config(
+                None, [*bench.FIXED, *bench.job_sets(job, args), f"run.kernels={mode}"]
+            )
+            assert cfg["seed"] == 3 and cfg["run"]["kernels"] == mode
+    big = load_config(None, [*bench.FIXED, *bench.job_sets("10k", args)])
+    assert big["fleet"]["devices"] == 123 and big["model"]["name"] == "logreg"
+    cnn = load_config(None, [*bench.FIXED, *bench.job_sets("cnn", args)])
+    assert cnn["model"]["name"] == "cnn" and cnn["data"]["source"] == "partition"
+    with pytest.raises(SystemExit, match="unknown job 'gpu'"):
+        bench.job_sets("gpu", args)

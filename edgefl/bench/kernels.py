@@ -12,7 +12,9 @@ under both modes, alternating (the order swaps every repeat), ``--repeats`` time
 
 Per job and mode: the median of the whole command's wall time (``cmd_s``) and of the round
 rate after round 1 (``rounds_per_s``, wall clock), the final accuracy and the model hash.
-``cost`` is native rounds/s over portable rounds/s (1.10: portable is 10% slower). Virtual
+``cost`` is native rounds/s over portable rounds/s (1.10: portable is 10% slower);
+``cmd_cost`` and ``cpu_cost`` are portable over native whole-command wall time and CPU
+seconds of the job's processes (the CPU seconds vary least on a busy machine). Virtual
 clock, ``sim.reference_s_per_sample`` fixed: the models do not depend on timing.
 """
 
@@ -69,6 +71,16 @@ def _toml(table: dict) -> str:
     return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in table.items()) + "}"
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children: the whole job's
+    (mpiexec and every rank are waited for), less sensitive to a busy machine than its
+    wall time."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_one(sets: list[str], mode: str, out: Path) -> dict:
     """One ``edgefl simulate`` run; its wall time, round rate, accuracy and model hash."""
     from ..launcher import rank_python
@@ -76,9 +88,9 @@ def run_one(sets: list[str], mode: str, out: Path) -> dict:
     cmd = [*rank_python(), "-m", "edgefl", "simulate", "--out", str(out)]
     for s in [*FIXED, *sets, f"run.kernels={mode}", "run.checkpoint_every=0"]:
         cmd += ["--set", s]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _children_cpu()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-3000:])
         raise SystemExit(f"edgefl: error: benchmark run failed: {' '.join(cmd)}")
@@ -87,6 +99,7 @@ def run_one(sets: list[str], mode: str, out: Path) -> dict:
     span = rows[-1]["wall_time_s"] - rows[0]["wall_time_s"]
     return {
         "cmd_s": wall,
+        "cpu_s": cpu,
         "rounds_per_s": (len(rows) - 1) / span if len(rows) > 1 and span > 0 else float("nan"),
         "accuracy": summary["final_accuracy"],
         "sha": summary["model_sha256"][:12],
@@ -118,6 +131,7 @@ def main(args: argparse.Namespace) -> int:
                     "capability": rs[0]["capability"],
                     "mkl": rs[0]["mkl"],
                     "cmd_s": statistics.median(r["cmd_s"] for r in rs),
+                    "cpu_s": statistics.median(r["cpu_s"] for r in rs),
                     "rounds_per_s": statistics.median(r["rounds_per_s"] for r in rs),
                     "accuracy": rs[0]["accuracy"],
                     "model": rs[0]["sha"],
@@ -126,10 +140,11 @@ def main(args: argparse.Namespace) -> int:
             cost = med["native"]["rounds_per_s"] / med["portable"]["rounds_per_s"]
             med["portable"]["cost"] = cost
             med["portable"]["cmd_cost"] = med["portable"]["cmd_s"] / med["native"]["cmd_s"]
+            med["portable"]["cpu_cost"] = med["portable"]["cpu_s"] / med["native"]["cpu_s"]
             rows += [med["portable"], med["native"]]
             print(f"# {job}: native/portable rounds/s {cost:.3f}", flush=True)
-    cols = ["job", "kernels", "capability", "mkl", "cmd_s", "rounds_per_s", "cost", "cmd_cost",
-            "accuracy", "model", "same_every_run"]  # fmt: skip
+    cols = ["job", "kernels", "capability", "mkl", "cmd_s", "cpu_s", "rounds_per_s", "cost",
+            "cmd_cost", "cpu_cost", "accuracy", "model", "same_every_run"]  # fmt: skip
     print(table(rows, cols))
     write_json(args.json, rows)
     return 0

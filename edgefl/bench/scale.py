@@ -3,17 +3,23 @@
 Task (from the issue): the logistic-regression FedAvg job of ``edgefl bench rounds``
 (synthetic IID data of dimension 20, 200 training and 100 test samples per device, 5 local
 full-batch SGD steps at lr 0.5, sample-weighted FedAvg, test evaluation every round; BSP,
-every device every round) with ``--sizes`` devices for ``--rounds`` rounds. edgefl runs the
-real job through ``edgefl simulate`` (real ``mpiexec``, ``--ranks`` ranks: a coordinator and
-workers, default settings otherwise: events.jsonl, the final checkpoint, summary.json); the
-baseline is a plain single-process loop doing the same arithmetic (no messaging, one core).
+every device every round) with ``--sizes`` devices for ``--rounds`` rounds. ``--systems``
+(default all three):
+
+* ``mpi`` (row ``edgefl``): the real job through ``edgefl simulate`` (real ``mpiexec``,
+  ``--ranks`` ranks: a coordinator and workers, default settings otherwise: events.jsonl,
+  the final checkpoint, summary.json);
+* ``inline`` (row ``edgefl-inline``): the same command with ``--backend inline``: the same
+  ranks as threads of one process, no MPI (the same run directory and final model);
+* ``loop`` (row ``plain-loop``): the baseline, a plain single-process loop doing the same
+  arithmetic (no messaging, one core).
 
 Reported per size and system (with ``--repeats`` the systems alternate and the run with
 the median rate is reported):
 
 * ``rounds_per_s``: rounds between the end of round 1 and the end of the last round, over
   the wall time between them (start-up excluded: launch, imports, data, registration);
-  ``ratio_vs_loop`` = edgefl / loop at the same size;
+  ``ratio_vs_loop`` = edgefl (either backend) / loop at the same size;
 * ``cpu_s_per_round``: CPU seconds per round over the same rounds (edgefl: all processes,
   sampled when each metrics row appears; the breakdown by process is printed above the
   table) and ``cpu_ratio``: the loop's CPU seconds per round over the least wall time
@@ -41,10 +47,15 @@ import time
 from pathlib import Path
 
 NAME = "scale"
-HELP = "1,000 and 10,000 devices: rounds/s and peak RSS, edgefl over mpiexec vs a plain loop"
+HELP = (
+    "1,000 and 10,000 devices: rounds/s and peak RSS, edgefl over mpiexec and in-process vs a "
+    "plain loop"
+)
+SYSTEMS = {"mpi": "edgefl", "inline": "edgefl-inline", "loop": "plain-loop"}  # -> row name
 
 RSS_TARGET_MB = 2500.0
 RATIO_TARGET = 1.8
+INLINE_TARGET = 1.0  # the in-process backend: at least the plain loop's rounds/s
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -58,6 +69,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="alternating runs of each system per size; the median rate is reported",
+    )
+    p.add_argument(
+        "--systems",
+        default="mpi,inline,loop",
+        help="what to run, comma-separated: mpi (edgefl simulate), inline (edgefl simulate "
+        "--backend inline), loop (the plain loop)",
     )
     p.add_argument("--no-loop", action="store_true", help="run edgefl only (no ratio)")
     p.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR")
@@ -220,18 +237,19 @@ def loop_run(cfg: dict, tmp: Path) -> dict:
     }
 
 
-def edgefl_run(cfg: dict, root: Path, rep: int = 0) -> dict:
-    """The job through ``edgefl simulate``; rates from metrics.jsonl's ``wall_time_s``
-    (``rep``: the repeat, which names its run directory after the first)."""
+def edgefl_run(cfg: dict, root: Path, rep: int = 0, backend: str = "mpi") -> dict:
+    """The job through ``edgefl simulate --backend BACKEND``; rates from metrics.jsonl's
+    ``wall_time_s`` (``rep``: the repeat, which names its run directory after the first)."""
     from ..config import dump_config, load_config
     from ..launcher import rank_python  # (python -P: the cwd cannot shadow edgefl)
 
     n = cfg["fleet"]["devices"]
     conf = root / f"scale-{n}.toml"
     conf.write_text(dump_config(load_config(doc=cfg)))
-    name = f"run-{n}" if rep == 0 else f"run-{n}-{rep}"
+    name = f"{'run' if backend == 'mpi' else backend}-{n}" + (f"-{rep}" if rep else "")
     out = root / name
-    cmd = [*rank_python(), "-m", "edgefl", "simulate", str(conf), "--out", str(out)]
+    cmd = [*rank_python(), "-m", "edgefl", "simulate", str(conf), "--out", str(out),
+           "--backend", backend]  # fmt: skip
     print(f"# edgefl: {' '.join(cmd)}", flush=True)
     log = root / f"{name}.log"
     with open(log, "w") as f:
@@ -249,9 +267,10 @@ def edgefl_run(cfg: dict, root: Path, rep: int = 0) -> dict:
         a, b = m.marks[0], m.marks[-1]
         per_round = {k: (b.get(k, 0.0) - a.get(k, 0.0)) / (len(m.marks) - 1) for k in b}
     each = ", ".join(f"{k} {v / 1e6:.0f}" for k, v in sorted(m.each.items()) if v)
-    print(f"# {n} devices, peak RSS by process (MB): {each}", flush=True)
+    print(f"# {n} devices, {backend}: peak RSS by process (MB): {each}", flush=True)
     cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(per_round.items()) if v)
-    print(f"# {n} devices, CPU seconds per round by process (rounds 2..): {cpu}", flush=True)
+    print(f"# {n} devices, {backend}: CPU seconds per round by process (rounds 2..): {cpu}",
+          flush=True)  # fmt: skip
     busiest = max(per_round.values(), default=0.0)
     total = sum(per_round.values())
     return {
@@ -268,6 +287,7 @@ def edgefl_run(cfg: dict, root: Path, rep: int = 0) -> dict:
         "events_mb": _mb(out / "events.jsonl"),
         "ckpt_mb": sum(_mb(p) for p in out.rglob("*.h5")),
         "summary_kb": _mb(out / "summary.json") * 1000,
+        "model_sha256": json.loads((out / "summary.json").read_text())["model_sha256"],
     }
 
 
@@ -288,6 +308,13 @@ def main(args: argparse.Namespace) -> int:
     from .common import header, table, write_json
 
     sizes = sorted(int(s) for s in args.sizes.split(","))
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad or not systems:
+        raise SystemExit(f"edgefl: error: --systems {args.systems!r}: expected some of "
+                         f"{', '.join(SYSTEMS)}")  # fmt: skip
+    if args.no_loop and "loop" in systems:
+        systems.remove("loop")
     cfg0 = bench_config(args, sizes[0])
     conf = {**cfg0, "fleet": {**cfg0["fleet"], "devices": sizes}}
     header(NAME, ["edgefl", "bench", NAME, *sys.argv[3:]], conf, args.seed)
@@ -297,30 +324,49 @@ def main(args: argparse.Namespace) -> int:
         root.mkdir(parents=True, exist_ok=True)
         for n in sizes:
             cfg = bench_config(args, n)
-            loops, jobs = [], []
-            for rep in range(max(args.repeats, 1)):  # (alternating: the box's load hits both)
-                if not args.no_loop:
-                    loops.append(loop_run(cfg, Path(tmp)))
-                jobs.append(edgefl_run(cfg, root, rep))
-            if len(jobs) > 1:
-                for name, got in (("plain-loop", loops), ("edgefl", jobs)):
+            runs: dict[str, list[dict]] = {s: [] for s in systems}
+            for rep in range(max(args.repeats, 1)):  # (alternating: the box's load hits all)
+                for system in systems:
+                    if system == "loop":
+                        runs[system].append(loop_run(cfg, Path(tmp)))
+                    else:
+                        runs[system].append(edgefl_run(cfg, root, rep, backend=system))
+            if args.repeats > 1:
+                for system, got in runs.items():
                     rates = [round(x["rounds_per_s"], 4) for x in got]
-                    print(f"# {n} devices, {name} rounds/s per repeat: {rates}", flush=True)
-            loop = _median(loops) if loops else None
-            ours = _median(jobs)
+                    print(f"# {n} devices, {SYSTEMS[system]} rounds/s per repeat: {rates}",
+                          flush=True)  # fmt: skip
+            loop = _median(runs["loop"]) if "loop" in runs else None
+            here = []
             if loop is not None:
-                rows.append({"system": "plain-loop", "devices": n, **loop})
-                ours["ratio_vs_loop"] = ours["rounds_per_s"] / loop["rounds_per_s"]
-                if ours["cpu_bound_s"] > 0:  # (what an idle box would give: CPU seconds)
-                    ours["cpu_ratio"] = loop["cpu_s_per_round"] / ours["cpu_bound_s"]
-            rows.append({"system": "edgefl", "devices": n, **ours})
-            print(table(rows[-2 if loop else -1 :], COLS), flush=True)
+                here.append({"system": SYSTEMS["loop"], "devices": n, **loop})
+            for system in (s for s in systems if s != "loop"):
+                ours = _median(runs[system])
+                if loop is not None:
+                    ours["ratio_vs_loop"] = ours["rounds_per_s"] / loop["rounds_per_s"]
+                    if ours["cpu_bound_s"] > 0:  # (what an idle box would give: CPU seconds)
+                        ours["cpu_ratio"] = loop["cpu_s_per_round"] / ours["cpu_bound_s"]
+                here.append({"system": SYSTEMS[system], "devices": n, **ours})
+            _same_model(here)
+            rows += here
+            print(table(here, COLS), flush=True)
     print()
     print(table(rows, COLS))
     _targets(rows)
     _per_device(rows, sizes, cfg0, args.extrapolate)
     write_json(args.json, rows)
     return 0
+
+
+def _same_model(rows: list[dict]) -> None:
+    """One line: whether both backends trained the same final model (they must)."""
+    hashes = {r["system"]: r["model_sha256"] for r in rows if "model_sha256" in r}
+    if len(hashes) > 1:
+        same = len(set(hashes.values())) == 1
+        print(f"# {rows[0]['devices']} devices: final model of "
+              f"{' and '.join(hashes)} {'identical' if same else 'DIFFERS'} "
+              f"(model_sha256 {', '.join(h[:12] for h in hashes.values())})",
+              flush=True)  # fmt: skip
 
 
 def _median(runs: list[dict]) -> dict:
@@ -337,6 +383,10 @@ COLS = [
 
 def _targets(rows: list[dict]) -> None:
     for r in rows:
+        if r["system"] == SYSTEMS["inline"] and "ratio_vs_loop" in r:
+            ok = "met" if r["ratio_vs_loop"] >= INLINE_TARGET else "NOT met"
+            print(f"# {r['devices']} devices: edgefl-inline / loop rounds/s "
+                  f"{r['ratio_vs_loop']:.2f} (target >= {INLINE_TARGET}: {ok})")  # fmt: skip
         if r["system"] != "edgefl":
             continue
         rss = r["peak_rss_mb"]
@@ -359,7 +409,7 @@ def _per_device(rows: list[dict], sizes: list[int], cfg: dict, target: int) -> N
         print("# per-device memory: needs two sizes")
         return
     data_b = data_bytes_per_device(cfg)
-    for system in ("edgefl", "plain-loop"):
+    for system in SYSTEMS.values():
         got = [r for r in rows if r["system"] == system]
         if len(got) < 2:
             continue

@@ -5,10 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
+import sys
 from typing import Any
 
 from edgefl.ckpt.plan import Node, decode_leaf, short_value, unescape_key
 from edgefl.ckpt.store import read_checkpoint
+from edgefl.config.code import named_code
 
 MAX_CHILDREN = 8  # entries listed per nested group before eliding the middle
 MAX_TOP = 40  # entries listed at the top level before eliding
@@ -83,8 +85,13 @@ def describe_checkpoint(path: str | os.PathLike, ck: Any = None) -> str:
         f"  format_version {ck.format_version}, complete, written {_when(ck.created_unix_s)}, "
         f"file {_size(ck.size)}, sha256 and crc32 verified"
     )
+    lines.append(
+        "  verified proves integrity, not origin: the file is intact as sealed, but anyone "
+        "can edit a checkpoint and seal it again (the digest is no signature)"
+    )
     if ck.content == "run":
         lines.append("  a run's checkpoint: every entry a resume reads is present and well-typed")
+        lines += _code_lines(ck.state)
     else:
         lines.append("  a plain state, not a run's checkpoint (--resume refuses it)")
     lines.append(
@@ -102,6 +109,28 @@ def describe_checkpoint(path: str | os.PathLike, ck: Any = None) -> str:
     lines.append("tree:")
     lines += _tree(nodes)
     return "\n".join(lines)
+
+
+def _code_lines(state: dict) -> list[str]:
+    """The line naming the code a run's config names (``'package.module:attr'`` values a
+    resume imports and calls: ``edgefl.trust``), if any."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    try:
+        found = named_code(tomllib.loads(state["config_toml"]))
+    except (KeyError, TypeError, ValueError):
+        return []
+    if not found:
+        return []
+    listed = ", ".join(f"{k} = {short_value(v, 60)}" for k, v in found[:MAX_CHILDREN])
+    more = f" and {len(found) - MAX_CHILDREN} more" if len(found) > MAX_CHILDREN else ""
+    return [
+        f"  its config names code a resume imports and calls: {listed}{more} (--resume "
+        "without a config file refuses it: pass the config file or --trust-checkpoint)"
+    ]
 
 
 def checkpoint_numerics(nodes: list) -> dict | None:

@@ -37,6 +37,7 @@ Path = tuple[str, ...]  # keys from the root (a key may hold "/": plugin names a
 _MISSING = object()
 _INT_KEY = re.compile(r"-?[0-9]+")
 _TASK_KEY = re.compile(r"-?[0-9]+:-?[0-9]+")  # "device:task"
+_RUN_ID = re.compile(r"[0-9a-f]{32}")  # edgefl.runtime.rundir: the run directory's id
 _COUNTERS = ("rounds", "bytes_up", "bytes_down", "msgs_up", "msgs_down", "time_s",
              "requests", "iterations")  # fmt: skip
 _JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number",
@@ -77,6 +78,8 @@ ARRAY = _expect(lambda v: isinstance(v, np.ndarray), "an array")
 INT_LIST = _expect(lambda v: isinstance(v, list) and all(map(_is_int, v)), "a list of ints")
 STR_LIST = _expect(lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
                    "a list of str")  # fmt: skip
+RUN_ID = _expect(lambda v: isinstance(v, str) and _RUN_ID.fullmatch(v) is not None,
+                 "a run id (32 hex digits)")  # fmt: skip
 REAL_LIST = _expect(lambda v: isinstance(v, list) and all(map(_is_real, v)), "a list of numbers")
 
 
@@ -168,6 +171,7 @@ TOP: tuple[tuple[str, Check, bool], ...] = (
     ("plugins", GROUP, True),
     ("flight", GROUP, False),
     ("numerics", _json(dict), False),
+    ("run_id", RUN_ID, False),  # (edgefl.runtime.rundir: the run directory's identity)
 )
 MODEL = (
     ("flat", _flat, True),

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ import h5py
 import numpy as np
 
 from edgefl.ckpt import seal
-from edgefl.ckpt.plan import Node, crc32, plan_state, rebuild_state
+from edgefl.ckpt.plan import Node, crc32, decode_leaf, plan_state, rebuild_state
 from edgefl.ckpt.schema import check_run_state, is_run_state
 from edgefl.errors import CheckpointError
 
@@ -236,15 +237,110 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
             with open(tmp, "r+b") as fh:
                 seal.seal(fh, content)  # the commit: a file without it is never read
             os.replace(tmp, target)
-        except OSError as exc:
-            raise CheckpointError(
-                f"checkpoint '{target}': cannot write ({_first_line(exc)})"
-            ) from exc
+        except (OSError, RuntimeError) as exc:  # (HDF5 reports some I/O failures so)
+            raise CheckpointError(_write_failure(target, nodes, exc, tmp)) from exc
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     _fsync_path(directory if str(directory) else Path("."), directory=True)
+
+
+def _write_failure(target: Path, nodes: list[Node], exc: BaseException, tmp: Path) -> str:
+    """The one line of a checkpoint write that failed (a full disk, say): the file, why
+    (the operating system's reason, found under HDF5's wrapping), about how many bytes it
+    needs (the state's leaves, or the newest older checkpoint's size if larger: HDF5 adds
+    its overhead) and how many are free there, and what is kept. The temporary file is
+    removed first, so the free space is what a retry would have."""
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+    directory = target.parent if str(target.parent) else Path(".")
+    need = sum(int(n.data.nbytes) for n in nodes if n.data is not None)
+    older = [p for p in _candidates_quiet(directory) if p.name != target.name]
+    with contextlib.suppress(OSError):  # (the last one's size counts HDF5's overhead too)
+        need = max(need, older[0].stat().st_size) if older else need
+    try:
+        free = _bytes(shutil.disk_usage(directory).free)
+    except OSError:
+        free = "unknown"
+    kept = (
+        f"the older checkpoints are kept ({len(older)}, newest {older[0].name})"
+        if older
+        else "no older checkpoint was there to keep"
+    )
+    if target.exists():
+        kept = f"'{target.name}' is kept as it was; {kept}"
+    return (
+        f"checkpoint '{target}': cannot write ({_os_reason(exc)}): it needs about "
+        f"{_bytes(need)}, {free} free in '{directory}'; {kept}"
+    )
+
+
+def _os_reason(exc: BaseException) -> str:
+    """The most telling line of a write failure and the exceptions it arose from (HDF5
+    raises OSError or RuntimeError with the errno inside its text, or a RuntimeError while
+    closing after the real error)."""
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain:
+        code = getattr(e, "errno", None) if isinstance(e, OSError) else None
+        m = _ERRNO_RE.search(str(e))
+        if m:
+            code = int(m.group(1))
+        if code:
+            return f"{os.strerror(code)}, errno {code}"
+    return _first_line(chain[-1])
+
+
+_ERRNO_RE = re.compile(r"errno = (\d+)")
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"  # pragma: no cover
+
+
+def _candidates_quiet(d: Path) -> list[Path]:
+    try:
+        return _candidates(d)
+    except OSError:
+        return []
+
+
+def read_top_entry(path: str | os.PathLike, key: str) -> Any:
+    """The value of the top-level leaf ``key`` of the checkpoint ``path`` (its SHA-256
+    trailer, commit marker and that dataset's crc32 verified), or None if it has none;
+    reads nothing else (e.g. a resume's ``run_id``). CheckpointError (one line) otherwise."""
+    p = Path(path)
+    with open_checkpoint(p) as c:
+        try:
+            obj = c.file.get(key)
+            if not isinstance(obj, h5py.Dataset):
+                return None
+            kind = obj.attrs["kind"]
+            kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+            stored = int(obj.attrs["crc32"])
+            if int(obj.size) * obj.dtype.itemsize > c.size:
+                raise ValueError("it claims more bytes than the file has")
+            data = _read_array(obj)
+        except _READ_ERRORS as exc:
+            raise CheckpointError(
+                f"checkpoint '{p}': cannot read '/{key}' ({_first_line(exc)})"
+            ) from None
+    if crc32(data) != stored:
+        raise CheckpointError(f"checkpoint '{p}': dataset '/{key}' is corrupt (crc32)")
+    try:
+        return decode_leaf(kind, data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(
+            f"checkpoint '{p}': malformed '/{key}' ({_first_line(exc)})"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------- reading

@@ -130,6 +130,19 @@ SCHEMA: dict[str, Any] = {
             "tasks (each one is excluded from aggregation; 0 = keep dispatching).",
             min=0,
         ),
+        "task_timeout_s": field(
+            "auto",
+            "float",
+            "Watchdog of one task, in seconds of real time: a worker rank still in a task "
+            "after this long is stuck; rank 0 gives up on it and moves its devices, the task "
+            "is re-run once, and a second time-out quarantines its device. auto = "
+            "max(10 s, 10 x the device's slowest task so far; the fleet's median before it "
+            "has one; 60 s when nothing is measured), 60 s more for a device's first task "
+            "on a rank, under the virtual clock of edgefl simulate (off under edgefl run); "
+            "0 = off.",
+            min=0.0,
+            auto=True,
+        ),
         "threads": field(
             1, "int", "Torch intra-op threads per rank (1 suits many ranks per box).", min=1
         ),

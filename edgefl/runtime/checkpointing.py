@@ -21,6 +21,7 @@ from ..config import config_from_toml
 from ..errors import CheckpointError
 from ..kernels import mismatch_line
 from . import devstate
+from .rundir import run_identity
 from .state import RESUME_MUST_MATCH, checkpoint_state
 
 log = logging.getLogger("edgefl.coordinator")
@@ -34,6 +35,7 @@ def save(core: Any, round_: int, rows: list[dict], wall: float, now: float) -> P
         core.cfg, round_, core.task.flat, core.global_model, core.devices, rows, wall
     )
     state["numerics"] = json.dumps(core.numerics)  # (a resume elsewhere warns: restore)
+    state.update(run_identity(core.out_dir))  # the run directory's id (F4: rundir.py)
     state["clock"] = {
         "mode": "virtual" if core.virtual else "wall",
         "time_s": float(now),
@@ -48,7 +50,7 @@ def save(core: Any, round_: int, rows: list[dict], wall: float, now: float) -> P
     state["aggregation"] = {"state": _aggregator_state(core.aggregator)}
     state["timeline"] = core.timeline.state_dict()  # (timeline.csv covers the whole run)
     plugins: dict[str, dict] = {p.name: {"state": p.state_dict()} for p in core.plugins}
-    core.device_states = devstate.collect(core)  # (kept: re-hosting restores from it)
+    core.device_states = _with_lost(core, devstate.collect(core))  # (kept: re-hosting)
     for name, devs in core.device_states.items():
         plugins.setdefault(name, {"state": {}})["devices"] = devs
     state["plugins"] = plugins
@@ -56,7 +58,22 @@ def save(core: Any, round_: int, rows: list[dict], wall: float, now: float) -> P
     if flight is not None:
         state["flight"] = flight
     save_checkpoint(path, state)
+    core.stop_checkpointed = bool(core.stopped)  # (the run's end writes one otherwise)
     return path
+
+
+def _with_lost(core: Any, fresh: dict) -> dict:
+    """The devices' state just collected, and for devices whose rank is gone (they could
+    not move: no rank left, ``fleet.on_failure = "stop"``, no re-hosting) their state of
+    the previous checkpoint, so a resume still has it."""
+    gone = core.t.failed
+    if not gone:
+        return fresh
+    for name, per in (getattr(core, "device_states", None) or {}).items():
+        for d, st in per.items():
+            if int(d) in core.devices and core.devices[int(d)]["rank"] in gone:
+                fresh.setdefault(name, {}).setdefault(d, st)
+    return fresh
 
 
 def _aggregator_state(agg: Any) -> dict:
@@ -77,6 +94,8 @@ def restore(core: Any, st: dict) -> None:
             )
     if st["model"]["signature"] != core.task.signature:
         raise CheckpointError("checkpoint holds a model of a different layout")
+    if not np.isfinite(st["model"]["flat"]).all():
+        raise CheckpointError(_diverged(core, int(st["round"])))
     line = mismatch_line(
         "the checkpoint was written", json.loads(st.get("numerics", "{}")), core.numerics
     )
@@ -102,6 +121,7 @@ def restore(core: Any, st: dict) -> None:
     core.staleness = {int(k): int(v) for k, v in json.loads(c["staleness"]).items()}
     core.lost_tasks = int(c.get("lost_tasks", 0))
     core.quarantine = {int(d): q for d, q in json.loads(c.get("quarantine", "{}")).items()}
+    _another_chance(core)
     core.server_opt.load_state_dict(st["server_optimizer"])
     agg = st.get("aggregation", {}).get("state")
     if agg and hasattr(core.aggregator, "load_state_dict"):
@@ -126,6 +146,37 @@ def restore(core: Any, st: dict) -> None:
     if core.flight_state is None:  # not taken at an apply: the tasks out then restart
         core.policy.forget_tasks()
     core.flight_policy = c["policy"]
+
+
+def _diverged(core: Any, round_: int) -> str:
+    """Why a checkpoint of a diverged run cannot be resumed, and which one can."""
+    from ..ckpt import checkpoint_name
+
+    text = (f"the checkpoint of round {round_} holds a non-finite model (the run diverged "
+            "there; resumed, it could only stop again)")  # fmt: skip
+    folder = core.out_dir / "checkpoints" if core.out_dir is not None else None
+    earlier = []
+    if folder is not None and folder.is_dir():
+        earlier = [p for r in range(round_ - 1, -1, -1)
+                   if (p := folder / checkpoint_name(r)).is_file()][:1]  # fmt: skip
+    if earlier:
+        return f"{text}: resume from an earlier checkpoint, e.g. {earlier[0]}"
+    return f"{text}: resume from an earlier checkpoint (run.checkpoint_every) or start again"
+
+
+def _another_chance(core: Any) -> None:
+    """A run that stopped because every device was quarantined (a NaN loss everywhere, say)
+    could not go on from its checkpoint at all: resumed, its devices get another chance."""
+    q = core.quarantine
+    if not core.devices or not all(q.get(d, {}).get("excluded_at") is not None
+                                   for d in core.devices):  # fmt: skip
+        return
+    for entry in q.values():
+        entry["excluded_at"] = None
+        entry["streak"] = 0
+        entry.pop("reason", None)
+    print(f"edgefl: all {len(core.devices)} devices were quarantined when the run stopped; "
+          "the resumed run gives them another chance", flush=True)  # fmt: skip
 
 
 # -- tasks in flight ------------------------------------------------------------------------

@@ -22,10 +22,12 @@ from ..comm import Kind, Message, Transport
 from ..comm.wire import HEADER_BYTES
 from ..errors import EdgeflError
 from ..kernels import fingerprint
+from ..launcher import INTERRUPTED
 from ..policies.consistency import Apply, Arrival, Decision, make_consistency
+from ..rankwrap import defer_stop
 from ..server import make_server
 from ..sim.timeline import Timeline
-from . import checkpointing, failures, flush, planning, registration, rehost, summary
+from . import blame, checkpointing, failures, flush, planning, registration, rehost, summary
 from .events import (
     ARRIVE,
     FAILED,
@@ -44,8 +46,11 @@ from .protocol import CONTINUE, REFRESH, pack_flags
 from .state import Task
 from .trackers import make_trackers
 from .watch import RankWatch
+from .worker import HOLD_UPDATES
 
 log = logging.getLogger("edgefl.coordinator")
+
+STOP_AT_VERSION_S = 1.0  # a stop signal: how long the run waits for the next model version
 
 
 class Coordinator:
@@ -160,6 +165,9 @@ class Coordinator:
         self.rehosted: list[dict] = []  # devices moved off dead ranks (summary.json)
         self.reruns = 0  # tasks in flight re-sent to a device's new rank
         self.device_states: dict = {}  # latest checkpoint's per-device plugin state
+        self.stop_checkpointed = False  # a checkpoint was written after the run stopped
+        self.stop_request: tuple[float, int, str] | None = None  # a stop signal: (when,
+        # exit status, why)
 
     def _calibrate(self) -> float:
         return planning.calibrate(self)
@@ -287,7 +295,9 @@ class Coordinator:
         self.t.send(rank, Kind.TRAIN, device=d, round=task, vtime=now, aux=aux)
         self.sent[d] = (task, aux)
         self.owed[rank] = self.owed.get(rank, 0) + 1
-        self.watch.owes(rank, time.monotonic())
+        mono = time.monotonic()
+        self.watch.owes(rank, mono)
+        self.tasks_owed.sent(rank, d, task, aux, mono)
         if self.t.liveness is not None:  # (silent for failure_timeout_s from now: dead)
             self.t.liveness.expect(rank, time.monotonic())
 
@@ -296,9 +306,43 @@ class Coordinator:
         straggler warnings)."""
         left = self.owed.get(msg.src, 0) - 1
         self.owed[msg.src] = max(left, 0)
-        self.watch.answered(msg.src, time.monotonic(), done=left <= 0)
+        mono = time.monotonic()
+        self.watch.answered(msg.src, mono, done=left <= 0)
+        self.tasks_owed.answered(msg, mono)
         if left <= 0 and self.t.liveness is not None:
             self.t.liveness.satisfied(msg.src)
+
+    def _stop_signal(self, status: int, why: str) -> None:
+        """(The rank guard's thread.) A stop signal: the run stops at the next model version
+        (its checkpoint resumes exactly), or within STOP_AT_VERSION_S with a checkpoint
+        of where it stands."""
+        if self.stop_request is None:
+            self.stop_request = (time.monotonic(), status, why)
+
+    def _tick(self) -> None:
+        """After every poll of the event loop: the watch's duties; a stop signal's stop."""
+        self.watch.tick()
+        req = self.stop_request
+        if req is None or self.stopped:
+            return
+        if time.monotonic() - req[0] < STOP_AT_VERSION_S:
+            return  # (summary.record_row stops at the next model version)
+        self.interrupt(f"no model version within {STOP_AT_VERSION_S:g} s")
+        self.ev.halt = True
+
+    def interrupt(self, where: str) -> None:
+        """Stop the run for the stop signal received (exit status 128 + N, resumable)."""
+        _, status, why = self.stop_request or (0.0, INTERRUPTED, "interrupted")
+        self.stopped = f"interrupted ({why}) at model version {self.version}; {where}"
+        self.interrupted = True
+        self.exit_status = status
+        print(f"edgefl: rank 0: {why}: the run stops at model version {self.version} "
+              f"({where}); its checkpoint is written for --resume", flush=True)  # fmt: skip
+
+    def _heartbeat(self, msg: Message) -> None:
+        """A worker's HEARTBEAT in the event loop: an isolated task starts (blame.py)."""
+        if msg.aux and msg.aux[0] == blame.STARTED:
+            self.tasks_owed.on_started(msg, time.monotonic())
 
     def _plan(self, d: int, task: int, now: float, spec: TaskSpec, download: bool) -> bool:
         return planning.plan(self, d, task, now, spec, download)
@@ -471,8 +515,13 @@ class Coordinator:
         self.ev = VirtualEvents(self.t, start) if self.virtual else WallEvents(self.t, start)
         self.owed: dict[int, int] = {}
         self.watch = RankWatch(self, cfg["comm"])
+        self.tasks_owed = blame.TaskWatch(self, HOLD_UPDATES)  # watchdog, strikes (blame.py)
+        self.watch.tasks = self.tasks_owed
         self.ev.received_hook = self._received
-        self.ev.tick_hook = self.watch.tick
+        self.ev.heard_hook = self.tasks_owed.heard_from
+        self.ev.heartbeat_hook = self._heartbeat
+        self.ev.tick_hook = self._tick
+        defer_stop(self._stop_signal)  # (SIGINT/SIGTERM: stop in order, checkpointed)
         self.t.on_suspect = self.watch.give_up
         self.ev.handlers = {k: p.on_message for p in self.plugins for k in p.message_kinds}
         self.ev.update_kinds = {Kind.UPDATE, Kind.REPORT, *self._update_kinds()}
@@ -485,6 +534,7 @@ class Coordinator:
             self._loop(rounds)
             self._flush()
             self.server.finish()
+            self._end()
         finally:
             if self.events_log is not None:
                 self.events_log.close()
@@ -497,6 +547,19 @@ class Coordinator:
         self.finish(self.metrics.rows, self.version, time.monotonic() - self._t0, end)
         return self.exit_status
 
+    def _end(self) -> None:
+        """After the last round or an early stop: the checkpoint of a stop (every stop
+        leaves one to resume from), then the workers are told to stop and acknowledge, so
+        a rank that dies in the last moments is recorded (failed_ranks, events.jsonl)."""
+        failures.late(self)
+        if self.out_dir is not None and self.stopped and not self.stop_checkpointed:
+            wall = time.monotonic() - self._t0
+            self.checkpoint(self.version, self.metrics.rows, wall, self.ev.now)
+        # (a stop signal: the launcher ends the ranks a few seconds later; a stuck worker
+        # must not keep rank 0 from writing its summary)
+        self.stop_workers(self.exit_status, True, 2.0 if self.stop_request else 60.0)
+        failures.late(self)
+
     def _update_kinds(self) -> set[int]:
         return {k for p in self.plugins for k in p.update_kinds}
 
@@ -507,6 +570,8 @@ class Coordinator:
         while self.version < rounds and not self.stopped:
             ev = self.ev.next()
             if ev is None:
+                if self.stopped:  # (halted: a stop signal)
+                    break
                 self.stopped = (
                     "no device can make progress (all offline, dead, quarantined or idle)"
                 )
@@ -607,11 +672,35 @@ class Coordinator:
         """Print the summary table and write summary.json and final_model.pt."""
         summary.finish(self, rows, rounds_done, wall, end)
 
-    def stop_workers(self, status: int) -> None:
-        """Tell every other rank to finish with ``status`` and wait until the messages left."""
-        for w in range(1, self.t.size):
-            self.t.send(w, Kind.STOP, aux=(float(status),))
-        self.t.wait_sends()
+    def stop_workers(self, status: int, acknowledged: bool = False, timeout: float = 60.0) -> None:
+        """Tell every other rank to finish with ``status`` and wait until the messages left.
+
+        ``acknowledged``: tell only the worker ranks, and wait (up to ``timeout`` s) until
+        each one acknowledged (then it is retired: its exit is no failure) or is found dead.
+        """
+        t = self.t
+        ranks = self.workers if acknowledged else range(1, t.size)
+        failed = 1.0 if t.failed else 0.0  # (tells the workers not to wait in MPI_Finalize)
+        for w in ranks:
+            t.send(w, Kind.STOP, aux=(float(status), failed))
+        t.wait_sends()
+        if not acknowledged:
+            return
+        waiting = set(ranks) - t.failed - t.retired
+        deadline = time.monotonic() + timeout
+        while waiting and time.monotonic() < deadline:
+            for msg in t.poll(timeout=0.5):
+                started = msg.kind == Kind.HEARTBEAT and msg.aux and msg.aux[0] == blame.STARTED
+                if msg.kind in (Kind.HEARTBEAT, Kind.ERROR) and not started:
+                    waiting.discard(msg.src)
+                    t.retire(msg.src)
+                t.release(msg)
+            self.ev.failures += t.take_failures()
+            self.watch.tick()  # (a rank stuck in a task is given up on: blame.py)
+            waiting -= t.failed
+        if waiting:
+            log.warning("ranks %s did not acknowledge STOP within %.0f s", sorted(waiting),
+                        timeout)  # fmt: skip
 
 
 def event_line(now: float, event: str, device: int, task: int, version: int, extra: dict) -> str:

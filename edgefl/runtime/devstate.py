@@ -120,6 +120,8 @@ def collect(core: Any) -> dict[str, dict[str, dict]]:
             waiting.discard(msg.src)
             t.release(msg)
         core.ev.failures += t.take_failures()
+        if getattr(core, "watch", None) is not None:  # (a rank stuck in a task cannot
+            core.watch.tick()  # answer: the task watchdog gives up on it, blame.py)
     return out
 
 

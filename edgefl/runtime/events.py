@@ -66,6 +66,9 @@ class _Source:
         self.cancelled: set[tuple[int, int]] = set()  # tasks of dead ranks
         self.received_hook = None  # called with every task answer as it is received
         self.tick_hook = None  # called after every poll (rank 0's liveness duties)
+        self.heard_hook = None  # called with (rank, time.monotonic()) of every message
+        self.heartbeat_hook = None  # called with a worker's HEARTBEAT (blame.py: STARTED)
+        self.halt = False  # no more events (a stop signal): next() returns None
         # kind -> handler of a plugin's own upward messages (called as they are received)
         self.handlers: dict[int, object] = {}
         self.update_kinds: set[int] = {Kind.UPDATE, Kind.REPORT}  # task answers (stashed)
@@ -93,6 +96,12 @@ class _Source:
         """Route one received message (see :meth:`take`)."""
         if msg.kind == Kind.ERROR:
             raise WorkerFailed(error_text(msg))
+        if self.heard_hook is not None:
+            self.heard_hook(msg.src, time.monotonic())
+        if msg.kind == Kind.HEARTBEAT and self.heartbeat_hook is not None:
+            self.heartbeat_hook(msg)
+            self.t.release(msg)
+            return
         handler = self.handlers.get(msg.kind)
         if handler is not None:
             handler(msg)
@@ -137,7 +146,7 @@ class VirtualEvents(_Source):
             failed = self._failed_event(self.now)
             if failed is not None:
                 return failed
-            if not self.heap:
+            if not self.heap or self.halt:
                 return None
             item = heapq.heappop(self.heap)
             time_s, kind, device, task, token, _ = item
@@ -145,7 +154,7 @@ class VirtualEvents(_Source):
                 continue
             if kind == ARRIVE:
                 key = (device, task)
-                while key not in self.stash and not self.failures:
+                while key not in self.stash and not self.failures and not self.halt:
                     self.take(timeout=1.0)
                 if key not in self.stash:  # a rank died meanwhile: handle that first
                     heapq.heappush(self.heap, item)
@@ -185,6 +194,8 @@ class WallEvents(_Source):
             failed = self._failed_event(self.now)
             if failed is not None:
                 return failed
+            if self.halt:
+                return None
             self.expected -= self.cancelled
             for key in sorted(self.stash):
                 if key in self.expected:

@@ -14,31 +14,39 @@ log = logging.getLogger("edgefl.coordinator")
 
 def rank_failed(core: Any, rank: int, now: float) -> Decision:
     """A rank died (ULFM or time-out): a server rank goes to the backend; a worker's
-    devices are dead from ``now``, their tasks lost. Returns the policy's decision."""
+    devices move to the surviving ranks (re-hosting) or are dead from ``now``, their tasks
+    lost. A task that was running on two ranks that failed quarantines its device
+    (:mod:`edgefl.runtime.blame`). Returns the policy's decision."""
     handled = core.server.rank_failed(rank, now)
     if handled is not None:
         return handled
-    if rank == 0 or rank not in core.workers:
+    if rank == 0 or rank not in core.workers or rank in core.failed_ranks:
         return Decision()
-    core.failed_ranks[rank] = now
-    core.t_failure = time.monotonic()
+    record(core, rank, now)
     devs = [d for d, v in sorted(core.devices.items()) if v["rank"] == rank]
-    core.log_event("failed", now, -1, -1, rank=rank)
-    if core.cfg["fleet"]["on_failure"] != "stop" and devs and core.rehost:
+    dec = Decision()
+    blame = getattr(core, "tasks_owed", None)
+    poison = blame.rank_lost(rank) if blame is not None else {}
+    for d, (task, why) in sorted(poison.items()):
+        _merge(dec, exclude(core, d, task, why, now))
+    stop = core.cfg["fleet"]["on_failure"] == "stop"
+    if not stop and not rehost.survivors(core, rank):
+        return no_rank_left(core, now)
+    if not stop and devs and core.rehost:
         moved, lost = rehost.move_devices(core, rank, devs, now)
         if moved:
             where = ", ".join(f"{d}->{r}" for d, r in moved.items())
             log.warning("rank %d failed at %.3f s: its devices moved (%s)", rank, now, where)
-            print(f"edgefl: rank {rank} failed; devices {devs} re-hosted on ranks "
+            gone = "".join(f"; device {d} quarantined ({why})" for d, (_t, why) in
+                           sorted(poison.items()))  # fmt: skip
+            print(f"edgefl: rank {rank} failed{gone}; devices {devs} re-hosted on ranks "
                   f"{sorted(set(moved.values()))} (device->rank {where}); going on",
                   flush=True)  # fmt: skip
-            dec = Decision()
             for d in lost:
                 _merge(dec, core.policy.lost(d, now, core.available))
             return dec
     log.warning("rank %d failed at %.3f s: its devices %s are dead", rank, now, devs)
     print(f"edgefl: rank {rank} failed; devices {devs} are dead; going on", flush=True)
-    dec = Decision()
     for d in devs:
         if d in core.failed:
             continue
@@ -52,12 +60,72 @@ def rank_failed(core: Any, rank: int, now: float) -> Decision:
             _merge(dec, core.policy.lost(d, now, core.available))
         for p in core._dead_hooks:
             p.on_device_dead(d, now)
-    if core.cfg["fleet"]["on_failure"] == "stop":
+    if stop:
         core.stopped = f"rank {rank} failed (fleet.on_failure = stop)"
         core.exit_status = 3
-        core.checkpoint(core.version, core.metrics.rows, time.monotonic() - core._t0, now)
-        return Decision()  # stop where the checkpoint stands: nothing more is applied
+        return Decision()  # stop here: nothing more is applied (the run's end checkpoints)
     return dec
+
+
+def record(core: Any, rank: int, now: float) -> None:
+    """Book worker ``rank`` as failed at ``now`` (summary.json ``failed_ranks``, a
+    ``failed`` event)."""
+    core.failed_ranks[rank] = now
+    core.t_failure = time.monotonic()
+    core.log_event("failed", now, -1, -1, rank=rank)
+
+
+def no_rank_left(core: Any, now: float) -> Decision:
+    """Every worker rank has failed: record them all, say so in one line, stop (status 3;
+    the run's end writes the checkpoint a resume continues from)."""
+    gone = sorted(r for r in core.workers if r in core.t.failed or r in core.failed_ranks)
+    for r in gone:
+        if r not in core.failed_ranks:
+            record(core, r, now)
+    for d, v in sorted(core.devices.items()):
+        if v["rank"] in gone and d not in core.failed:
+            core.failed[d] = now
+    ranks = f"rank {gone[0]}" if len(gone) == 1 else f"ranks {gone}"
+    log.warning("every worker rank failed (%s) at %.3f s", gone, now)
+    print(f"edgefl: {ranks} failed; no worker rank is left: the run stops", flush=True)
+    core.stopped = f"no worker rank is left ({ranks} failed)"
+    core.exit_status = 3
+    return Decision()
+
+
+def late(core: Any) -> None:
+    """As the run ends (after its last round or an early stop): ranks found dead since the
+    event loop's last event, or while the workers were told to stop, go into
+    ``failed_ranks`` and events.jsonl too; nothing moves any more."""
+    found = list(core.ev.failures) + core.t.take_failures()
+    core.ev.failures = []
+    for r in sorted(set(found)):
+        if r == 0 or r not in core.workers or r in core.failed_ranks:
+            continue
+        now = core.ev.now
+        record(core, r, now)
+        core.tasks_owed.forget(r)
+        print(f"edgefl: rank {r} failed as the run ended; nothing to move", flush=True)
+
+
+def exclude(core: Any, d: int, task: int, why: str, now: float) -> Decision:
+    """Quarantine device ``d`` for ``why`` (its task ``task`` hung or killed its host
+    twice): it gets no more tasks, its task in flight is dropped (not run again). Returns
+    the policy's decision on the lost task."""
+    q = core.quarantine.setdefault(d, {"updates": 0, "streak": 0, "excluded_at": None})
+    if q["excluded_at"] is None:
+        q["excluded_at"] = core.version
+    q["reason"] = why
+    print(f"edgefl: device {d} quarantined: {why}; it gets no more tasks", flush=True)
+    core.log_event("quarantine", now, d, task, reason=why)
+    if d not in core.inflight or core.inflight[d][0] != task:
+        return Decision()
+    core.ev.cancel(d, task)
+    core.pushes.pop((d, task), None)
+    core.task_done(d)
+    core.lost_tasks += 1
+    core.log_event("lost", now, d, task)
+    return core.policy.lost(d, now, core.available)
 
 
 def _merge(dec: Decision, nxt: Decision) -> None:

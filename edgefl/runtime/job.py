@@ -19,11 +19,11 @@ from ..comm import Kind, Validator, mpi_transport
 from ..config import with_values
 from ..errors import ConfigError, EdgeflError
 from ..launcher import write_status
-from ..rankwrap import RankGuard
+from ..rankwrap import RankGuard, defer_stop
 from ..training.eager import defer_dynamo
 from .placement import is_shard
 from .policies import check_policies, check_shards
-from .rundir import prepare_run_dir, resolve_run_dir
+from .rundir import check_run_identity, prepare_run_dir, resolve_run_dir
 from .state import build_task
 
 log = logging.getLogger("edgefl")
@@ -71,9 +71,10 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
         if t.rank == 0:
             try:
                 state = resume_checkpoint(resume)[1] if resume else None  # (a run's)
-                out_dir = prepare_run_dir(
-                    resolve_run_dir(cfg, out, resume, stem), cfg, resuming=state is not None
-                )
+                run_dir = resolve_run_dir(cfg, out, resume, stem)
+                if state is not None:  # not into another run's directory (rundir.py)
+                    check_run_identity(run_dir, state.get("run_id"), str(resume))
+                out_dir = prepare_run_dir(run_dir, cfg, resuming=state is not None)
                 guard.use_status_file(out_dir / "exit_status")
                 check_policies(cfg)
                 check_shards(cfg, t.size)
@@ -109,6 +110,9 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                 else:
                     worker = Worker(cfg, t, task, local_rank, out_dir=out)
                 worker.register()
+                # a stop signal (edgefl simulate's SIGINT, passed on): serve on while rank 0
+                # stops the run in order; the guard ends this rank if it has not by then
+                defer_stop(lambda status, why: None)
                 status = worker.run()
                 if getattr(worker, "peer_failures", False):
                     from ..comm.mpi import note_failure
@@ -150,7 +154,7 @@ def _stop_all(t, status: int, timeout: float = 60.0) -> None:
     for w in range(1, t.size):
         t.send(w, Kind.STOP, aux=(float(status), failures))
     t.wait_sends()
-    waiting = set(range(1, t.size)) - t.failed
+    waiting = set(range(1, t.size)) - t.failed - t.retired  # (retired: stopped already)
     deadline = time.monotonic() + timeout
     while waiting and time.monotonic() < deadline:
         for msg in t.poll(timeout=0.5):

@@ -10,6 +10,9 @@ from __future__ import annotations
 CONTINUE = 1  # the device goes on from its own local model (a gated task: no download)
 FLUSH = 4  # end of training: send what the device still holds back
 REFRESH = 8  # with CONTINUE: first adopt model `version` (the gate's broadcast)
+# a re-run of a task whose host failed while it may have been running (edgefl/runtime/blame.py):
+# the worker sends what it holds first, says when it starts (STARTED) and answers at once
+ISOLATE = 16
 ARG_SHIFT = 8  # flags >> ARG_SHIFT is the plugin argument (TaskSpec.arg)
 ARG_MAX = 2**23  # (the flags travel as a float64: exact far beyond this)
 

@@ -13,7 +13,10 @@ and seed, so any rank can rebuild it. When rank ``r`` dies (ULFM, or declared de
    goes: GDDR folds the checkpointed residual back in at rank 0 and starts the device with
    an empty residual, so no checkpointed mass is counted twice;
 3. re-sends the task the device had in flight (same task number, same TRAIN, preceded by
-   the model version it starts from), unless its answer already arrived.
+   the model version it starts from), unless its answer already arrived. A task that may
+   have been what the rank was running when it failed goes *isolated*
+   (:mod:`edgefl.runtime.blame`): if its new rank fails in it too, its device is
+   quarantined instead of moving on again (its task is then dropped, not re-run).
 
 Under the virtual clock the task keeps the arrival time it was planned with: a real rank
 death does not exist on the simulated clock, so the event order, and under BSP without
@@ -33,7 +36,7 @@ from typing import Any
 
 from ..comm import Kind
 from .devstate import RUNTIME, encode
-from .protocol import CONTINUE, REFRESH, pack_flags, unpack_flags
+from .protocol import CONTINUE, ISOLATE, REFRESH, pack_flags, unpack_flags
 from .registration import rehost_numerics
 
 log = logging.getLogger("edgefl.coordinator")
@@ -131,6 +134,10 @@ def _rerun(core: Any, d: int, now: float) -> bool:
         return True
     aux = list(sent[1])
     flags, arg = unpack_flags(int(aux[3]))
+    blame = getattr(core, "tasks_owed", None)
+    if blame is not None and blame.isolated(d, task):  # it may have been what failed
+        flags |= ISOLATE
+        aux[3] = float(pack_flags(flags, arg))
     if flags & CONTINUE and not flags & REFRESH:
         # a gated device's local model died with the rank: go on from the current model
         flags |= REFRESH

@@ -18,6 +18,7 @@ from ..algorithms import summary_defaults
 from ..comm.wire import HEADER_BYTES
 from ..models.train import evaluate
 from .output import summary_table
+from .rundir import read_run_id
 
 log = logging.getLogger("edgefl.coordinator")
 
@@ -89,6 +90,7 @@ def finish(core: Any, rows: list[dict], rounds_done: int, wall: float, end: floa
         "rehosted": core.rehosted,  # devices moved off dead ranks (fleet.rehost)
         "reruns": core.reruns,
         "quarantined": {str(d): q for d, q in sorted(core.quarantine.items())},
+        "task_timeouts": core.tasks_owed.timeouts if hasattr(core, "tasks_owed") else [],
         "recovery_s": core.recovery_s,
         "progress_after_failure_unix": core.progress_after_failure_unix,
         "staleness_hist": {str(k): v for k, v in sorted(core.staleness.items())},
@@ -110,6 +112,7 @@ def finish(core: Any, rows: list[dict], rounds_done: int, wall: float, end: floa
     if core.out_dir is None:
         return
     out = {
+        "run_id": read_run_id(core.out_dir),  # the run directory's identity (rundir.py)
         **info,
         "final_accuracy": final_acc,
         "final_test_loss": evals[-1]["test_loss"] if evals else None,
@@ -165,6 +168,8 @@ def record_row(core: Any, arr: list, now: float) -> None:
     elif stop_at and r == stop_at and r < cfg["run"]["rounds"]:
         core.stopped = f"debug.stop_after_round = {stop_at}"
         core.interrupted = True
+    elif getattr(core, "stop_request", None) is not None and r < cfg["run"]["rounds"]:
+        core.interrupt("a resume goes on exactly from there")  # (a stop signal)
     core.server.after_row(row["wall_time_s"], now)
     every = cfg["run"]["checkpoint_every"]
     final = r >= cfg["run"]["rounds"] or bool(core.stopped)

@@ -55,6 +55,7 @@ class RankWatch:
         self._since: dict[int, float] = {}  # rank -> owing and silent since (seconds)
         self._warned: set[int] = set()
         self.warnings: list[dict] = []  # (summary.json "stragglers")
+        self.tasks: Any = None  # the per-task watchdog (blame.TaskWatch), set by the core
 
     def owes(self, rank: int, now: float) -> None:
         """A task went to ``rank``: it owes an answer from ``now`` (if it owed none)."""
@@ -71,6 +72,8 @@ class RankWatch:
     def tick(self) -> None:
         """Called after every poll of rank 0's event loop."""
         now = time.monotonic()
+        if self.tasks is not None:
+            self.tasks.tick(now)
         if self.beat_s and now - self._last_beat >= self.beat_s:
             self._last_beat = now
             t = self.core.t
@@ -95,20 +98,27 @@ class RankWatch:
                   f"silent for {silent:.0f} s (comm.straggler_warn_s = {self.warn_s:g}); "
                   f"frozen or overloaded? {hint}", flush=True)  # fmt: skip
 
-    def give_up(self, rank: int) -> None:
-        """The time-out detector is about to declare ``rank`` dead: tell it (see above)."""
+    def give_up(self, rank: int, why: str = "") -> None:
+        """The time-out detector (or the task watchdog, saying ``why``) is about to declare
+        ``rank`` dead: tell it (see above)."""
         self._since.pop(rank, None)
-        log.warning("rank %d: silent for more than %g s while it owed an answer: declared "
-                    "dead", rank, self.timeout_s)  # fmt: skip
+        tasks = self.tasks
+        if not why:
+            log.warning("rank %d: silent for more than %g s while it owed an answer: declared "
+                        "dead", rank, self.timeout_s)  # fmt: skip
+            if tasks is not None:
+                tasks.cause.setdefault(rank, "timed out")  # (its task is blamed: blame.py)
         self.core.t.send(rank, Kind.STOP, aux=(0.0, 1.0, DECLARED_DEAD, 0.0))
         info = self.core.rank_info.get(rank, {})
         pid = info.get("pid")
-        if info.get("host") == socket.gethostname() and isinstance(pid, int) and pid > 1:
+        local = info.get("host") == socket.gethostname() and pid != os.getpid()  # (inline)
+        if local and isinstance(pid, int) and pid > 1:
             # on this machine: end it now, or the launcher would wait for it forever (a
             # stopped process never exits on its own; SIGKILL reaches it even when stopped)
             try:
                 os.kill(pid, signal.SIGKILL)
-                print(f"edgefl: rank {rank} (pid {pid}) was declared dead after "
-                      f"{self.timeout_s:g} s of silence and killed", flush=True)  # fmt: skip
+                after = why or f"{self.timeout_s:g} s of silence"
+                print(f"edgefl: rank {rank} (pid {pid}) was declared dead after {after} and "
+                      "killed", flush=True)  # fmt: skip
             except OSError:
                 pass

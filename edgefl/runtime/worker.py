@@ -32,9 +32,10 @@ from ..server import make_client
 from ..training import FitContext, FitTask, check_result, load_client, lr_at, resolve_loss
 from ..training.optim import optimizer_factory
 from . import devstate
+from .blame import STARTED
 from .debughooks import WorkerDebug
 from .placement import devices_of_rank, torch_device_for
-from .protocol import CONTINUE, FLUSH, REFRESH, unpack_flags
+from .protocol import CONTINUE, FLUSH, ISOLATE, REFRESH, unpack_flags
 from .state import Task
 from .watch import DECLARED_DEAD, LIVENESS
 
@@ -255,6 +256,8 @@ class Worker:
                 self._on_message(msg)
             if self.queue and self._ready(self.queue[0]):
                 device, task, version, spec = self.queue.popleft()
+                if spec.flags & ISOLATE and self._held:  # (rank 0 must know what runs)
+                    self._send_held()
                 self.train(device, task, version, spec)
                 self._forget_versions()
 
@@ -353,6 +356,9 @@ class Worker:
         self.debug.before_task()
         st = self._local_state(device, version, spec.flags)
         job, holdout = self._job(device, task, version, spec, st)
+        if spec.flags & ISOLATE:  # a re-run after its host failed: say that it starts now
+            self.t.send(0, Kind.HEARTBEAT, device=device, round=task,
+                        aux=(STARTED, 0.0, 0.0, 0.0))  # fmt: skip
         t0 = time.perf_counter()
         for p in self.plugins:
             p.before_train(device, job)
@@ -457,7 +463,7 @@ class Worker:
             self.client.push(device, job.task, job.version, delta, job.aux)
             return
         self.debug.forge(device, job.task, delta, job.aux)
-        if self._hold:
+        if self._hold and not job.spec.flags & ISOLATE:
             if not self._held:
                 self._held_since = time.monotonic()
             self._held.append((device, job.task, job.aux, delta))
