@@ -135,7 +135,9 @@ def test_failure_mid_write_keeps_previous(tmp_path, monkeypatch, exc):
         real(parent, name, node)
 
     monkeypatch.setattr(store, "_write_leaf", flaky)
-    with pytest.raises(type(exc)):
+    # an I/O-like failure is one line (CheckpointError); an interrupt stays what it is
+    want = CheckpointError if isinstance(exc, RuntimeError) else type(exc)
+    with pytest.raises(want):
         save_residual(p, new.state_dict())
     assert len(calls) == 6
     assert p.read_bytes() == before

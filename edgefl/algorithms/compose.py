@@ -178,11 +178,11 @@ server group declare they need (`Requirement` declarations: `Plugin.requires` in
 `edgefl/algorithms/*/__init__.py`, `CORE_NEEDS` and `SHARD_NEEDS` in
 `edgefl/runtime/policies.py`); a test fails when this page is stale. For every pair of the
 options below, their overrides are merged on a tiny job and put through the check `edgefl
-simulate` runs before MPI starts. A pair either **runs** (`tests/test_composition.py` runs
-every such pair for 3 rounds, twice, and checks the two final models are bit-identical and
-finite) or is **refused** with a one-line `ConfigError` that names both keys and the reason.
-Two options that set a common key (two aggregation rules, two consistency policies) are
-alternatives, not a pair.
+simulate` runs before the job starts (in rank 0, while the other ranks wait). A pair either
+**runs** (`tests/test_composition.py` runs every such pair for 3 rounds, twice, and checks
+the two final models are bit-identical and finite) or is **refused** with a one-line
+`ConfigError` that names both keys and the reason. Two options that set a common key (two
+aggregation rules, two consistency policies) are alternatives, not a pair.
 
 The tiny job: `{base}`.
 """

@@ -314,8 +314,8 @@ class Coordinator:
 
     def _stop_signal(self, status: int, why: str) -> None:
         """(The rank guard's thread.) A stop signal: the run stops at the next model version
-        (its checkpoint resumes exactly), or within STOP_AT_VERSION_S with a checkpoint
-        of where it stands."""
+        (its checkpoint resumes exactly), or after STOP_AT_VERSION_S without one (the
+        newest checkpoint, written at a version, is the resume point)."""
         if self.stop_request is None:
             self.stop_request = (time.monotonic(), status, why)
 
@@ -327,7 +327,14 @@ class Coordinator:
             return
         if time.monotonic() - req[0] < STOP_AT_VERSION_S:
             return  # (summary.record_row stops at the next model version)
-        self.interrupt(f"no model version within {STOP_AT_VERSION_S:g} s")
+        # between two model versions the state is not one a resume continues exactly from,
+        # and its checkpoint would replace the exact one of this version: keep the newest
+        # checkpoint written at a version instead (a resume continues from there)
+        self.stop_checkpointed = True
+        self.interrupt(
+            f"no model version within {STOP_AT_VERSION_S:g} s; the newest checkpoint stays "
+            "the resume point"
+        )
         self.ev.halt = True
 
     def interrupt(self, where: str) -> None:
@@ -336,8 +343,9 @@ class Coordinator:
         self.stopped = f"interrupted ({why}) at model version {self.version}; {where}"
         self.interrupted = True
         self.exit_status = status
+        kept = "" if self.stop_checkpointed else "; its checkpoint is written for --resume"
         print(f"edgefl: rank 0: {why}: the run stops at model version {self.version} "
-              f"({where}); its checkpoint is written for --resume", flush=True)  # fmt: skip
+              f"({where}){kept}", flush=True)  # fmt: skip
 
     def _heartbeat(self, msg: Message) -> None:
         """A worker's HEARTBEAT in the event loop: an isolated task starts (blame.py)."""
