@@ -689,8 +689,13 @@ class Coordinator:
         t = self.t
         ranks = self.workers if acknowledged else range(1, t.size)
         failed = 1.0 if t.failed else 0.0  # (tells the workers not to wait in MPI_Finalize)
+        # told before rank 0 has written the summary: the workers leave with 0, since a rank
+        # exiting non-zero lets mpiexec tear the job down while rank 0 still writes (seen:
+        # fleet.on_failure = stop ending with status 2 and no summary). The job's status is
+        # rank 0's (its exit status and exit_status file).
+        code = 0.0 if acknowledged else float(status)
         for w in ranks:
-            t.send(w, Kind.STOP, aux=(float(status), failed))
+            t.send(w, Kind.STOP, aux=(code, failed))
         t.wait_sends()
         if not acknowledged:
             return

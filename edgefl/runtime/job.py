@@ -89,6 +89,12 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
             except EdgeflError as e:
                 print(f"edgefl: error: {e}", file=sys.stderr, flush=True)
                 status = 2
+            except Exception:  # a bug: shown now (the job may be torn down before it rises)
+                import traceback
+
+                traceback.print_exc()
+                sys.stderr.flush()
+                raise
             finally:
                 _stop_all(t, status)
                 if t.failed:  # (declared dead by a time-out: MPI_Finalize would wait for it)
