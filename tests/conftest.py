@@ -81,6 +81,24 @@ def run_edgefl(*args: str, cwd: Path | None = None, timeout: float = 300, env=No
     return run_launch([sys.executable, "-m", "edgefl", *args], timeout=timeout, cwd=cwd, env=e)
 
 
+def set_args(*sets: str) -> list[str]:
+    """``--set S`` for each override ``S`` (arguments of ``python -m edgefl simulate``)."""
+    return [a for s in sets for a in ("--set", s)]
+
+
+def assert_one_line_error(proc, *needles: str) -> str:
+    """A command refused as a user error: status 2, no traceback, exactly one stderr line
+    ``edgefl: error: ...`` holding every needle. Returns the line."""
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out
+    assert proc.returncode == 2, out
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edgefl: error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
 @pytest.fixture
 def edgefl_cli():
     return run_edgefl

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import launch_flaked, run_edgefl
+from conftest import assert_one_line_error, launch_flaked, run_edgefl, set_args
 
 from edgefl.ckpt import load_checkpoint, save_checkpoint
 from edgefl.config import load_config
@@ -52,10 +52,7 @@ TINY = [
 
 
 def sets(*extra: str) -> list[str]:
-    out: list[str] = []
-    for s in (*TINY, *extra):
-        out += ["--set", s]
-    return out
+    return set_args(*TINY, *extra)
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:
@@ -63,17 +60,6 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
         str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
         for p in sorted(root.rglob("*"))
     }
-
-
-def assert_one_line_error(proc, *needles: str) -> str:
-    out = proc.stdout + proc.stderr
-    assert "Traceback" not in out, out
-    assert proc.returncode == 2, out
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("edgefl: error: "), proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def rows(run: Path) -> list[dict]:

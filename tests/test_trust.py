@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_edgefl
+from conftest import assert_one_line_error, run_edgefl, set_args
 
 from edgefl.ckpt import load_checkpoint, save_checkpoint
 from edgefl.cli import main
@@ -50,21 +50,7 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
 
 
 def sets(*extra: str) -> list[str]:
-    out: list[str] = []
-    for s in (*TINY, *extra):
-        out += ["--set", s]
-    return out
-
-
-def assert_one_line_error(proc, *needles: str) -> str:
-    out = proc.stdout + proc.stderr
-    assert "Traceback" not in out, out
-    assert proc.returncode == 2, out
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("edgefl: error: "), proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
+    return set_args(*TINY, *extra)
 
 
 def forge(ckpt: Path, out: Path, victim: Path) -> Path:
