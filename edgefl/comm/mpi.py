@@ -418,6 +418,9 @@ class MPITransport(Transport):
         _ulfm_failures.update(ranks)
         return self._mark_failed(sorted(ranks), reason or "process failure reported by MPI")
 
+    def refresh_failures(self) -> list[int]:
+        return self._refresh_failures()
+
     def declare_failed(self, rank: int, reason: str = "declared failed") -> bool:
         """As :meth:`Transport.declare_failed`; also makes :func:`finalize` leave without
         ``MPI_Finalize`` (which can wait forever for the dead rank, e.g. under MPICH)."""

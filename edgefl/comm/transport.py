@@ -127,6 +127,13 @@ class Transport(ABC):
         self._new_failures = []
         return out
 
+    def refresh_failures(self) -> list[int]:
+        """Ask the communication library which ranks it knows to be dead now (e.g. before
+        deciding where a dead rank's devices go: its peers may have died with it); the
+        newly found ones are recorded in :attr:`failed` and reported by
+        :meth:`take_failures`. Returns them (none for transports without such a query)."""
+        return []
+
     def declare_failed(self, rank: int, reason: str = "declared failed") -> bool:
         """Treat ``rank`` as dead from now on (e.g. after a heartbeat time-out): stop
         receiving from it, drop sends to it, report it through :meth:`take_failures`.

@@ -45,7 +45,7 @@ from .policies import make_update_aggregator
 from .protocol import CONTINUE, REFRESH, pack_flags
 from .state import Task
 from .trackers import make_trackers
-from .watch import RankWatch
+from .watch import FAREWELL, WANT_FAREWELL, RankWatch
 from .worker import HOLD_UPDATES
 
 log = logging.getLogger("edgefl.coordinator")
@@ -561,8 +561,14 @@ class Coordinator:
         a rank that dies in the last moments is recorded (failed_ranks, events.jsonl)."""
         failures.late(self)
         if self.out_dir is not None and self.stopped and not self.stop_checkpointed:
-            wall = time.monotonic() - self._t0
-            self.checkpoint(self.version, self.metrics.rows, wall, self.ev.now)
+            from ..ckpt import checkpoint_name
+
+            # a periodic checkpoint of this version is kept as it is: it was taken when the
+            # version was made, and resumes exactly; the stop's state may have moved on
+            # (e.g. workers lost with their launcher: a resume of it trained another model)
+            if not (self.out_dir / "checkpoints" / checkpoint_name(self.version)).is_file():
+                wall = time.monotonic() - self._t0
+                self.checkpoint(self.version, self.metrics.rows, wall, self.ev.now)
         # (a stop signal: the launcher ends the ranks a few seconds later; a stuck worker
         # must not keep rank 0 from writing its summary)
         self.stop_workers(self.exit_status, True, 2.0 if self.stop_request else 60.0)
@@ -694,8 +700,13 @@ class Coordinator:
         # fleet.on_failure = stop ending with status 2 and no summary). The job's status is
         # rank 0's (its exit status and exit_status file).
         code = 0.0 if acknowledged else float(status)
+        # an acknowledging worker then waits for rank 0's FAREWELL before it exits: a rank
+        # that leaves without MPI_Finalize (after a failure) is reported like a crash, and
+        # that report could overtake its acknowledgement (seen: a worker that acknowledged
+        # in failed_ranks, 1 run in ~30 under load)
+        want = WANT_FAREWELL if acknowledged else 0.0
         for w in ranks:
-            t.send(w, Kind.STOP, aux=(code, failed))
+            t.send(w, Kind.STOP, aux=(code, failed, 0.0, want))
         t.wait_sends()
         if not acknowledged:
             return
@@ -706,6 +717,8 @@ class Coordinator:
                 started = msg.kind == Kind.HEARTBEAT and msg.aux and msg.aux[0] == blame.STARTED
                 if msg.kind in (Kind.HEARTBEAT, Kind.ERROR) and not started:
                     waiting.discard(msg.src)
+                    t.send(msg.src, Kind.STOP, aux=(code, failed, FAREWELL, 0.0))
+                    t.wait_sends()
                     t.retire(msg.src)
                 t.release(msg)
             self.ev.failures += t.take_failures()

@@ -30,6 +30,8 @@ def rank_failed(core: Any, rank: int, now: float) -> Decision:
     for d, (task, why) in sorted(poison.items()):
         _merge(dec, exclude(core, d, task, why, now))
     stop = core.cfg["fleet"]["on_failure"] == "stop"
+    if not stop:  # ranks killed together: those the library already knows dead get nothing
+        core.t.refresh_failures()
     if not stop and not rehost.survivors(core, rank):
         return no_rank_left(core, now)
     if not stop and devs and core.rehost:

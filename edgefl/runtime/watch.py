@@ -36,6 +36,9 @@ log = logging.getLogger("edgefl.coordinator")
 
 LIVENESS = 1.0  # aux[0] of a rank-0 HEARTBEAT that only says "alive"
 DECLARED_DEAD = 1.0  # aux[2] of the STOP sent to a rank given up on
+FAREWELL = 2.0  # aux[2] of the STOP that answers a worker's acknowledgement: it may exit now
+WANT_FAREWELL = 1.0  # aux[3] of a STOP whose acknowledgement rank 0 answers (FAREWELL)
+FAREWELL_WAIT_S = 10.0  # how long an acknowledging worker waits for FAREWELL (seconds)
 
 
 class RankWatch:

@@ -37,7 +37,7 @@ from .debughooks import WorkerDebug
 from .placement import devices_of_rank, torch_device_for
 from .protocol import CONTINUE, FLUSH, ISOLATE, REFRESH, unpack_flags
 from .state import Task
-from .watch import DECLARED_DEAD, LIVENESS
+from .watch import DECLARED_DEAD, FAREWELL, FAREWELL_WAIT_S, LIVENESS, WANT_FAREWELL
 
 log = logging.getLogger("edgefl.worker")
 
@@ -252,6 +252,8 @@ class Worker:
                     self.peer_failures = bool(msg.aux[1]) or bool(self.t.failed)
                     self.t.send(0, Kind.HEARTBEAT)  # acknowledges the STOP
                     self.t.wait_sends()
+                    if msg.aux[3] == WANT_FAREWELL:
+                        self._await_farewell()
                     return int(msg.aux[0])
                 self._on_message(msg)
             if self.queue and self._ready(self.queue[0]):
@@ -276,6 +278,17 @@ class Worker:
             if any(m.kind == Kind.STOP for m in more):
                 break
         return msgs
+
+    def _await_farewell(self) -> None:
+        """After acknowledging a STOP: wait (up to FAREWELL_WAIT_S seconds) until rank 0
+        answers that it read the acknowledgement, so this rank's exit is never taken for a
+        crash (a rank leaving without MPI_Finalize is reported like one)."""
+        deadline = time.monotonic() + FAREWELL_WAIT_S
+        while time.monotonic() < deadline and 0 not in self.t.failed:
+            for m in self.t.poll(timeout=0.5):
+                if m.kind == Kind.STOP and m.aux[2] == FAREWELL:
+                    return
+                self.t.release(m)
 
     def _declared_dead(self) -> int:
         """Rank 0 gave up on this rank (it was silent too long): leave quietly, status 0

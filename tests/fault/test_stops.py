@@ -13,8 +13,8 @@ early; each checks the checkpoint written at the stop and that ``--resume`` of i
 - a worker killed with ``fleet.on_failure = "stop"``: rc 3; the resume completes;
 - SIGINT of ``edgefl simulate``: rc 130, checkpointed at the next model version; the
   resumed run ends on the uninterrupted run's model, bit for bit;
-- every worker killed at once: one line says no worker rank is left (not one "are dead;
-  going on" per rank), rc 3, all four in ``failed_ranks``; the resume completes;
+- every worker killed at once: one line says no worker rank is left (not one "going on"
+  per rank), rc 3, all four in ``failed_ranks``; the resume completes;
 - a worker killed as the last round is written: it is in ``failed_ranks`` and events.jsonl.
 """
 
@@ -192,7 +192,9 @@ def test_every_worker_killed_says_so_once_and_checkpoints(tmp_path, launcher):
     text = o + e
     assert p.returncode == 3, text[-3000:]
     assert text.count("no worker rank is left: the run stops") == 1, text[-3000:]
-    assert "going on" not in text, text[-3000:]
+    # (the ranks' deaths reach rank 0 one by one: the first may be re-hosted onto ranks
+    # not yet known dead, but not one "going on" per rank)
+    assert text.count("going on") <= 1, text[-3000:]
     s = _summary(out)
     assert sorted(s["failed_ranks"]) == ["1", "2", "3", "4"]
     assert s["stopped"].startswith("no worker rank is left")
