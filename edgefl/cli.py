@@ -176,18 +176,16 @@ _quick_exit_armed = False
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from .api import (
-        PreflightFailed,
+    from .config.sources import simulation_config
+    from .launching import (
         banner,
-        check_ranks_can_import,
         inline_plan,
         launch_checked,
         mpi_command,
         mpi_launcher,
-        preflight_apart,
         run_in_process,
-        simulation_config,
     )
+    from .preflight import PreflightFailed, check_ranks_can_import, preflight_apart
     from .runtime.rundir import check_run_dir, resolve_run_dir
 
     _quick_exit()
@@ -249,7 +247,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"'mpiexec -n 2 edgefl run {args.config}' (Open MPI: add --oversubscribe for "
             f"more ranks than cores; or let 'edgefl simulate {args.config}' launch it)"
         )
-    from .api import check_mpi4py
+    from .launcher import check_mpi4py
 
     _quick_exit()
     check_mpi4py()
@@ -265,8 +263,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         return 2
     check = os.environ.get(GATE_ENV)
-    if check:  # started by edgefl simulate before its pre-launch check (api.launch_checked)
-        from .api import CHECK_OPEN, gate_check
+    if check:  # started by edgefl simulate before its pre-launch check (launching.launch_checked)
+        from .preflight import CHECK_OPEN, gate_check
 
         if rank == 0:  # rank 0 checks (the check's imports are its own); the others wait
             gate_check(check)  # before loading torch: a failed check ends the job sooner

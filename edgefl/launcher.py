@@ -151,6 +151,16 @@ def describe(path: str) -> Launcher:
     return Launcher(path, flavor, m.group(1) if m else "")
 
 
+def check_mpi4py() -> None:
+    """EdgeflError with the install command when mpi4py is missing."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise EdgeflError(
+            "mpi4py is not installed: pip install 'edgefl[mpi]' (mpi4py + Open MPI)"
+        ) from None
+
+
 def child_env(tty: bool) -> dict[str, str]:
     """Environment for launched ranks: unbuffered output, terminal hint for rank 0, and this
     process as their launcher (``EDGEFL_LAUNCHER``: a rank that finds it gone exits)."""
@@ -217,7 +227,7 @@ class Supervisor:
     ranks notice within a second (:class:`edgefl.rankwrap.RankGuard`) and exit.
 
     Not ``armed`` (``edgefl simulate`` while rank 0 checks the job and the other ranks wait,
-    :func:`edgefl.api.launch_checked`), a stop signal raises KeyboardInterrupt instead, and
+    :func:`edgefl.launching.launch_checked`), a stop signal raises KeyboardInterrupt instead, and
     the caller ends everything with :meth:`abandon`: nothing of the run exists yet.
 
     Args:

@@ -16,10 +16,10 @@ import torch
 from golden.configs import CONFIGS, expand, load_models
 
 import edgefl
-from edgefl.api import config_doc, simulation_config
 from edgefl.cli import main
 from edgefl.config import load_config, parse_override
 from edgefl.config.ranks import usable_cores
+from edgefl.config.sources import config_doc, simulation_config
 from edgefl.errors import ConfigError
 from edgefl.models.flat import FlatParams
 from edgefl.runtime.summary import model_sha256

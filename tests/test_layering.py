@@ -13,7 +13,12 @@ Rules:
     ``edgefl.config`` and itself;
 (c) the pure algorithm modules ``edgefl.policies`` never reach ``edgefl.comm``,
     ``edgefl.runtime`` or ``mpi4py``, directly or through other edgefl modules;
-(d) no module imports a ``_private`` name from another edgefl module.
+(d) no module imports a ``_private`` name from another edgefl module;
+(e) ``edgefl.config`` never reaches the launch layers (``edgefl.api``, ``edgefl.cli``,
+    ``edgefl.launching``, ``edgefl.preflight``, ``edgefl.launcher``), directly or through
+    other edgefl modules;
+(f) ``edgefl.launcher`` (mpiexec, the exit statuses; imported by the runtime and the
+    benches) never reaches the launch layers above it.
 
 Known violations of the runtime restructure in progress are allowed edge by edge in
 :data:`KNOWN_RUNTIME_EDGES`; any other violation fails.
@@ -310,6 +315,38 @@ def test_no_private_names_imported_across_modules():
         if (m, owner) not in KNOWN_RUNTIME_EDGES
     ]
     assert not bad, "private names imported from other modules:\n  " + "\n  ".join(bad)
+
+
+# -- (e), (f) the launch layers on top ----------------------------------------------------
+LAUNCH_LAYERS = (
+    "edgefl.api",
+    "edgefl.cli",
+    "edgefl.launching",
+    "edgefl.preflight",
+    "edgefl.launcher",
+)
+
+
+def _reaching(g: dict[str, dict[str, int]], package: str, targets: tuple[str, ...]) -> list[str]:
+    """Import chains from a module of ``package`` to one of ``targets``."""
+    bad = []
+    for m in sorted(g):
+        if _in(m, package):
+            path = _path_to(g, m, lambda v: v in targets and not _in(v, package))
+            if path:
+                bad.append(" -> ".join(path))
+    return bad
+
+
+def test_config_never_reaches_the_launch_layers():
+    bad = _reaching(checked_graph(), "edgefl.config", LAUNCH_LAYERS)
+    assert not bad, "edgefl.config reaches the launch layers:\n  " + "\n  ".join(bad)
+
+
+def test_launcher_never_reaches_the_layers_above_it():
+    above = tuple(m for m in LAUNCH_LAYERS if m != "edgefl.launcher")
+    bad = _reaching(checked_graph(), "edgefl.launcher", above)
+    assert not bad, "edgefl.launcher reaches the launch layers:\n  " + "\n  ".join(bad)
 
 
 # -- the checker itself -------------------------------------------------------------------

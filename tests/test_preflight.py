@@ -1,7 +1,7 @@
-"""What ``edgefl simulate`` finds before mpiexec starts (edgefl.data.checks, api.preflight):
-bad labels, shapes, dtypes, NaN/inf, empty devices, a fleet too big for memory; ranks that
-a folder named ``edgefl`` cannot shadow; quiet broken pipes. In-process or cheap
-subprocesses (``--version``, ``--dry-run``); no MPI start."""
+"""What ``edgefl simulate`` finds before mpiexec starts (edgefl.data.checks,
+edgefl.preflight): bad labels, shapes, dtypes, NaN/inf, empty devices, a fleet too big for
+memory; ranks that a folder named ``edgefl`` cannot shadow; quiet broken pipes. In-process
+or cheap subprocesses (``--version``, ``--dry-run``); no MPI start."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from edgefl.api import mpi_command, preflight
 from edgefl.config import load_config
 from edgefl.data.base import DataInfo, FederatedDataset
 from edgefl.data.checks import (
@@ -33,6 +32,8 @@ from edgefl.data.checks import (
 from edgefl.data.clicks import ClicksFederated
 from edgefl.errors import ConfigError, DataError
 from edgefl.launcher import rank_python
+from edgefl.launching import mpi_command
+from edgefl.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 N, DIM, CLASSES = 10, 4, 3  # examples per device, features, classes of Fleet

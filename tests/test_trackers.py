@@ -305,7 +305,7 @@ def test_no_run_directory_no_trackers(tmp_path):
 
 
 def test_preflight_refuses_missing_tracker_package(monkeypatch):
-    from edgefl.api import preflight
+    from edgefl.preflight import preflight
 
     monkeypatch.setitem(sys.modules, "mlflow", None)
     cfg = load_config(None, ["output.trackers=['csv', 'mlflow']"])

@@ -1,8 +1,8 @@
 """Checks of a data source before the job starts (``edgefl simulate``: in rank 0 while the
-other ranks wait, see :func:`edgefl.api.launch_checked`): a memory estimate, then every
-device's training data and the test set.
+other ranks wait, see :func:`edgefl.launching.launch_checked`): a memory estimate, then
+every device's training data and the test set.
 
-:func:`edgefl.api.preflight` calls, in this order:
+:func:`edgefl.preflight.preflight` calls, in this order:
 
 1. :func:`estimate_memory` and :func:`check_memory`: a few devices are built and measured,
    so a fleet that cannot fit is refused (one line naming ``fleet.devices``) before
