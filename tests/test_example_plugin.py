@@ -120,6 +120,24 @@ def test_loopback_job_same_model_and_plausible_stats(us):
     assert 0 < s["min_norm"] <= s["mean_norm"] <= s["max_norm"] < 100
 
 
+def test_survives_a_rehost_before_its_first_checkpoint(us, tmp_path):
+    # worker rank 2 dies at its 2nd task, before any checkpoint: its devices move to rank 1,
+    # whose plugin half never saw them (in one process: the inline backend)
+    import edgefl
+
+    sets = {"fleet.devices": 4, "fleet.ranks": 3, "run.rounds": 3, "run.checkpoint_every": 0,
+            "algorithm.plugins": ["update_stats:UpdateStats"],
+            "debug.kill_ranks": [2], "debug.kill_after_tasks": 2}  # fmt: skip
+    r = edgefl.simulate(overrides=sets, out=tmp_path / "run", backend="inline")
+    s = r.summary
+    assert s["stopped"] == "" and list(s["failed_ranks"]) == ["2"]
+    assert sorted(m["device"] for m in s["rehosted"]) == [1, 3]
+    stats = s["update_stats"]
+    assert sorted(stats["devices"], key=int) == ["0", "1", "2", "3"]
+    counts = _task_counts(tmp_path / "run" / "checkpoints" / "ckpt-000003.h5")
+    assert sorted(counts, key=int) == ["0", "1", "2", "3"] and all(counts.values())
+
+
 # -------------------------------------------------------------------- over real mpiexec
 
 JOB = ["--devices", "4", "--ranks", "3", "--rounds", "3"]

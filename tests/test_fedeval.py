@@ -14,13 +14,12 @@ from edgefl.algorithms.fedeval.metrics import (
     decode,
     encode,
     evaluate_on,
-    holdout_size,
-    holdout_split,
     load_metrics,
     metric_means,
     weighted_means,
 )
 from edgefl.config import load_config
+from edgefl.data.holdout import holdout_size, holdout_split
 from edgefl.errors import ConfigError
 from edgefl.runtime.policies import check_policies
 

@@ -114,7 +114,9 @@ class UpdateStatsWorker(WorkerPlugin):
 
     def __init__(self, core, name: str) -> None:
         super().__init__(core, name)
-        self.tasks = {d: 0 for d in core.devices}  # this rank's devices
+        # keyed by device as tasks come: a device re-hosted onto this rank after a rank
+        # died (before any checkpoint of its state) is counted from its first task here
+        self.tasks: dict[int, int] = {}
 
     def on_register(self, info: dict) -> None:
         # one JSON-able entry in this rank's REGISTER message, under the plugin's name.
@@ -123,10 +125,10 @@ class UpdateStatsWorker(WorkerPlugin):
         info[self.name] = {"devices": len(self.core.devices), "format": 1}
 
     def before_train(self, d: int, job) -> None:
-        self.tasks[d] += 1  # every training task (not the end-of-training flush)
+        self.tasks[d] = self.tasks.get(d, 0) + 1  # every training task (not the flush)
 
     def device_state(self, d: int) -> dict:
-        return {"tasks": self.tasks[d]}
+        return {"tasks": self.tasks.get(d, 0)}
 
     def load_device_state(self, d: int, state: dict) -> None:
         self.tasks[d] = int(state["tasks"])

@@ -9,10 +9,11 @@ import torch
 
 from ...comm import Message
 from ...comm.wire import HEADER_BYTES
+from ...data.holdout import holdout_size
 from ...runtime.protocol import CONTINUE, FLUSH, REFRESH
 from ..base import CoordinatorPlugin, TaskSpec
 from .kinds import FED_EVAL
-from .metrics import decode, holdout_size, load_metrics, metric_means, weighted_means
+from .metrics import decode, load_metrics, metric_means, weighted_means
 
 log = logging.getLogger("edgefl.coordinator")
 

@@ -1,4 +1,5 @@
-"""Pure parts of federated evaluation: user metrics, the held-out split, one evaluation and
+"""Pure parts of federated evaluation: user metrics, one evaluation (on the held-out split of
+:mod:`edgefl.data.holdout`) and
 the sample-weighted aggregation of device results (torch and numpy only, no MPI).
 
 The metric contract (``evaluation.metrics = ["package.module:function"]``)::
@@ -22,11 +23,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Subset, default_collate
+from torch.utils.data import Dataset, default_collate
 
 from ...errors import ConfigError
 from ...models.train import as_tensors, evaluate
-from ...seeding import HOLDOUT, derive_seed
 from ...specs import import_spec
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -56,29 +56,6 @@ def load_metrics(specs: Any, key: str = "evaluation.metrics") -> dict[str, Metri
             raise ConfigError(f"config key '{key}[{i}]' = {spec!r}: metric name {name!r} is {why}")
         out[name] = fn
     return out
-
-
-def holdout_size(n: int, fraction: float) -> int:
-    """Held-out examples of a device with ``n`` samples: round(fraction * n), at least 1 and
-    leaving at least 1 to train on (0 when n < 2). Rank 0 cuts its training sizes with the
-    same rule, so both sides agree."""
-    if n < 2:
-        return 0
-    return min(n - 1, max(1, int(round(fraction * n))))
-
-
-def holdout_split(dataset: Dataset, fraction: float, seed: int, device: int) -> tuple:
-    """(training split, held-out split) of a device's samples: a permutation seeded from the
-    run seed and the device id (``derive_seed(seed, device, HOLDOUT)``, the stream Hermes'
-    gate uses too), its first :func:`holdout_size` positions held out, both in sample order.
-    Deterministic; draws from no global random stream."""
-    n = len(dataset)  # type: ignore[arg-type]
-    h = holdout_size(n, fraction)
-    if h == 0:
-        return dataset, Subset(dataset, [])
-    g = torch.Generator().manual_seed(derive_seed(seed, device, HOLDOUT))
-    perm = torch.randperm(n, generator=g).tolist()
-    return Subset(dataset, sorted(perm[h:])), Subset(dataset, sorted(perm[:h]))
 
 
 def _batches(dataset: Dataset, bs: int):

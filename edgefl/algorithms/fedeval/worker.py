@@ -3,9 +3,10 @@ global model a task starts from every K versions, report it to rank 0 (FED_EVAL)
 
 from __future__ import annotations
 
+from ...data.holdout import holdout_split
 from ..base import LocalJob, WorkerPlugin
 from .kinds import FED_EVAL
-from .metrics import encode, evaluate_on, holdout_split, load_metrics
+from .metrics import encode, evaluate_on, load_metrics
 
 
 class FedEvalWorker(WorkerPlugin):

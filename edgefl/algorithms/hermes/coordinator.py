@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...data.holdout import holdout_size
 from ...models.train import evaluate
 from ...policies.consistency import Apply
 from ..base import CoordinatorPlugin, TaskSpec
@@ -30,7 +31,7 @@ class HermesCoordinator(CoordinatorPlugin):
         for d, v in core.devices.items():
             n = v["samples"]
             # a gated device holds out a seeded part of its samples for its gate
-            h = min(n - 1, max(1, int(round(hold * n)))) if gated and n >= 2 else 0
+            h = holdout_size(n, hold) if gated else 0
             core.n_train[d] = n - h
             self.metrics.add_device(d)
         self.allocating = alg["allocation"] != "fixed"

@@ -6,8 +6,8 @@ import math
 
 import torch
 
+from ...data.holdout import holdout_split
 from ...models.train import evaluate
-from ...seeding import HOLDOUT, derive_seed
 from ..base import LocalJob, WorkerPlugin
 
 
@@ -35,16 +35,11 @@ class HermesWorker(WorkerPlugin):
         if not self.gated:
             return None
         if d not in self.splits:
-            if len(ds) < 2:
+            if len(ds) < 2:  # (its gate measures on the one sample it trains on)
                 self.splits[d] = (ds, ds)
             else:
-                n = len(ds)
                 frac = self.core.cfg["hermes"]["holdout_fraction"]
-                h = min(n - 1, max(1, int(round(frac * n))))
-                seed = derive_seed(self.core.cfg["seed"], d, HOLDOUT)
-                perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-                sub = torch.utils.data.Subset
-                self.splits[d] = (sub(ds, sorted(perm[h:])), sub(ds, sorted(perm[:h])))
+                self.splits[d] = holdout_split(ds, frac, self.core.cfg["seed"], d)
         return self.splits[d]
 
     def new_model(self, d: int) -> None:
