@@ -1,9 +1,11 @@
 """``edgefl bench scale`` without MPI: the /proc sampler of a process tree, the linear fits
-and the per-device and extrapolation lines."""
+and the per-device and extrapolation lines, and ``--systems pfl`` without pfl."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,3 +40,17 @@ def test_fit_and_per_device_lines(capsys):
     assert "edgefl memory per device: 50.0 KB" in out and "beyond its data 23.6 KB" in out
     assert "extrapolated to 100000 devices" in out and "peak RSS 5.95 GB" in out
     assert "100.0 s per round" in out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pfl") is not None, reason="pfl is installed here")
+@pytest.mark.parametrize("python", [sys.executable, "/nonexistent/python"])
+def test_systems_pfl_without_pfl_is_one_clear_line(python):
+    cmd = [sys.executable, "-m", "edgefl", "bench", "scale", "--sizes", "10", "--rounds", "2",
+           "--systems", "pfl", "--pfl-python", python]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stdout == ""  # (before anything runs: not even the header)
+    assert proc.stderr.strip() == (
+        f"edgefl: error: --systems pfl: pfl is not importable by {python} "
+        "(pip install 'pfl[pytorch]==0.6.0' there, or pass --pfl-python)"
+    )

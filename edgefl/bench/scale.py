@@ -4,7 +4,7 @@ Task (from the issue): the logistic-regression FedAvg job of ``edgefl bench roun
 (synthetic IID data of dimension 20, 200 training and 100 test samples per device, 5 local
 full-batch SGD steps at lr 0.5, sample-weighted FedAvg, test evaluation every round; BSP,
 every device every round) with ``--sizes`` devices for ``--rounds`` rounds. ``--systems``
-(default all three):
+(default ``mpi,inline,loop``):
 
 * ``mpi`` (row ``edgefl``): the real job through ``edgefl simulate`` (real ``mpiexec``,
   ``--ranks`` ranks: a coordinator and workers, default settings otherwise: events.jsonl,
@@ -12,14 +12,28 @@ every device every round) with ``--sizes`` devices for ``--rounds`` rounds. ``--
 * ``inline`` (row ``edgefl-inline``): the same command with ``--backend inline``: the same
   ranks as threads of one process, no MPI (the same run directory and final model);
 * ``loop`` (row ``plain-loop``): the baseline, a plain single-process loop doing the same
-  arithmetic (no messaging, one core).
+  arithmetic (no messaging, one core);
+* ``pfl`` (row ``pfl``, not in the default): the same job in Apple's pfl (pfl-research 0.6,
+  ``pip install 'pfl[pytorch]==0.6.0'``) in one process, one torch thread, run by
+  ``--pfl-python`` (default: this interpreter; pfl's venv need not have edgefl): a child
+  process of this script (:mod:`edgefl.bench.pfl_job`) trains on the same data and from the
+  same initial model, both written by edgefl's generator to an ``.npz`` in the temporary
+  directory beforehand (its writing is not timed; the child's loading is, in ``cmd_wall_s``).
+  The job in pfl's terms: ``torch.nn.Linear`` with cross-entropy, ``FederatedAveraging`` on
+  a ``SimulatedBackend``, local SGD at lr 0.5 for 5 full-batch epochs (a batch is the
+  device's whole dataset), central SGD at lr 1.0 (plain FedAvg), cohort = every device,
+  ``WeightByDatapoints`` (pfl's default weight is 1 per user), ``CentralEvaluationCallback``
+  on the test set every round. pfl's own order differs in two places that the rates do not
+  see: it also evaluates the initial model before round 1 and skips the central evaluation
+  after round 1, and its per-device evaluation before and after local training runs in
+  round 1 only (it is not part of the job).
 
 Reported per size and system (with ``--repeats`` the systems alternate and the run with
 the median rate is reported):
 
 * ``rounds_per_s``: rounds between the end of round 1 and the end of the last round, over
   the wall time between them (start-up excluded: launch, imports, data, registration);
-  ``ratio_vs_loop`` = edgefl (either backend) / loop at the same size;
+  ``ratio_vs_loop`` = edgefl (either backend) or pfl / loop at the same size;
 * ``cpu_s_per_round``: CPU seconds per round over the same rounds (edgefl: all processes,
   sampled when each metrics row appears; the breakdown by process is printed above the
   table) and ``cpu_ratio``: the loop's CPU seconds per round over the least wall time
@@ -51,7 +65,8 @@ HELP = (
     "1,000 and 10,000 devices: rounds/s and peak RSS, edgefl over mpiexec and in-process vs a "
     "plain loop"
 )
-SYSTEMS = {"mpi": "edgefl", "inline": "edgefl-inline", "loop": "plain-loop"}  # -> row name
+SYSTEMS = {"mpi": "edgefl", "inline": "edgefl-inline", "loop": "plain-loop", "pfl": "pfl"}
+# (-> row name; pfl is not in the default --systems)
 
 RSS_TARGET_MB = 2500.0
 RATIO_TARGET = 1.8
@@ -74,7 +89,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--systems",
         default="mpi,inline,loop",
         help="what to run, comma-separated: mpi (edgefl simulate), inline (edgefl simulate "
-        "--backend inline), loop (the plain loop)",
+        "--backend inline), loop (the plain loop), pfl (the same job in Apple's pfl 0.6, run by "
+        "--pfl-python)",
+    )
+    p.add_argument(
+        "--pfl-python",
+        metavar="PATH",
+        default=sys.executable,
+        help="the Python interpreter that has pfl[pytorch] installed, for --systems pfl "
+        "(default: this one)",
     )
     p.add_argument("--no-loop", action="store_true", help="run edgefl only (no ratio)")
     p.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR")
@@ -237,6 +260,86 @@ def loop_run(cfg: dict, tmp: Path) -> dict:
     }
 
 
+PFL_JOB = Path(__file__).with_name("pfl_job.py")
+
+
+def check_pfl(python: str) -> None:
+    """Exit with one line unless ``python`` can import pfl with its PyTorch support."""
+    try:
+        ok = subprocess.run([python, "-c", "import pfl.model.pytorch"], capture_output=True,
+                            timeout=300).returncode == 0  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    if not ok:
+        raise SystemExit(
+            f"edgefl: error: --systems pfl: pfl is not importable by {python} "
+            "(pip install 'pfl[pytorch]==0.6.0' there, or pass --pfl-python)"
+        )
+
+
+def _pfl_data_child() -> None:  # python -c: the job's data and initial model as an .npz
+    import numpy as np
+    import torch
+
+    from ..config import load_config
+    from ..data import load_federated
+    from ..models import build_model
+
+    torch.set_num_threads(1)
+    c = load_config(doc=json.loads(sys.stdin.read()))
+    n = c["fleet"]["devices"]
+    data = load_federated(c["data"]["source"], c["data"]["args"], n, c["seed"])
+    state = build_model("logreg", data.info, {}, c["seed"]).state_dict()
+    (weight,) = (v for k, v in state.items() if k.endswith("weight"))
+    (bias,) = (v for k, v in state.items() if k.endswith("bias"))
+    xs, ys = zip(*(data.train(d).tensors for d in range(n)))
+    xt, yt = data.test().tensors
+    np.savez(sys.argv[1], x=torch.cat(xs).numpy(), y=torch.cat(ys).numpy(),
+             offsets=np.cumsum([0, *(len(v) for v in ys)]), x_test=xt.numpy(),
+             y_test=yt.numpy(), weight=weight.numpy(), bias=bias.numpy())  # fmt: skip
+
+
+def pfl_run(cfg: dict, tmp: Path, python: str) -> dict:
+    """The job in pfl (:mod:`edgefl.bench.pfl_job`) in a fresh process run by ``python``, on
+    the data and initial model that edgefl's generator writes to an .npz first (untimed)."""
+    n = cfg["fleet"]["devices"]
+    data = tmp / f"pfl-{n}.npz"
+    if not data.exists():  # (once per size: the repeats share it)
+        cmd = [sys.executable, "-c", "from edgefl.bench.scale import _pfl_data_child; "
+               "_pfl_data_child()", str(data)]  # fmt: skip
+        with open(tmp / f"pfl-{n}.json", "w") as f:
+            f.write(json.dumps(cfg))
+        with open(tmp / f"pfl-{n}.json") as fin:
+            if subprocess.run(cmd, stdin=fin).returncode != 0:
+                raise SystemExit("edgefl: error: writing the data for pfl failed")
+    t = cfg["train"]
+    opts = {"rounds": cfg["run"]["rounds"], "lr": t["lr"], "local_steps": t["local_steps"],
+            "seed": cfg["seed"]}  # fmt: skip
+    cmd = [python, str(PFL_JOB), str(data), json.dumps(opts)]
+    print(f"# pfl: {' '.join(cmd)}", flush=True)
+    res, log = tmp / f"pfl-{n}.out", tmp / f"pfl-{n}.log"
+    with open(res, "w") as fout, open(log, "w") as ferr:
+        m = run_measured(cmd, stdout=fout, stderr=ferr)
+    if m.rc != 0:
+        sys.stderr.write(log.read_text()[-4000:])
+        raise SystemExit(f"edgefl: error: pfl run failed (status {m.rc}): {' '.join(cmd)}")
+    got = json.loads(res.read_text().splitlines()[-1])
+    print(f"# {n} devices, pfl: setup {got['setup_s']:.2f} s (load the .npz, build the "
+          f"datasets and the model), test accuracy per round "
+          f"{got['test_accuracy_per_round']}", flush=True)  # fmt: skip
+    return {
+        "rounds_per_s": got["rounds_per_s"],
+        "s_per_round": 1.0 / got["rounds_per_s"],
+        "cpu_s_per_round": got["cpu_s_per_round"],
+        "cpu_bound_s": got["cpu_s_per_round"],  # (one process, one thread)
+        "final_accuracy": got["final_accuracy"],
+        "cmd_wall_s": m.wall,
+        "cmd_cpu_s": sum(m.cpu.values()),
+        "overhead_s": m.wall - cfg["run"]["rounds"] / got["rounds_per_s"],
+        "peak_rss_mb": m.peak / 1e6,
+    }
+
+
 def edgefl_run(cfg: dict, root: Path, rep: int = 0, backend: str = "mpi") -> dict:
     """The job through ``edgefl simulate --backend BACKEND``; rates from metrics.jsonl's
     ``wall_time_s`` (``rep``: the repeat, which names its run directory after the first)."""
@@ -315,6 +418,8 @@ def main(args: argparse.Namespace) -> int:
                          f"{', '.join(SYSTEMS)}")  # fmt: skip
     if args.no_loop and "loop" in systems:
         systems.remove("loop")
+    if "pfl" in systems:
+        check_pfl(args.pfl_python)
     cfg0 = bench_config(args, sizes[0])
     conf = {**cfg0, "fleet": {**cfg0["fleet"], "devices": sizes}}
     header(NAME, ["edgefl", "bench", NAME, *sys.argv[3:]], conf, args.seed)
@@ -329,6 +434,8 @@ def main(args: argparse.Namespace) -> int:
                 for system in systems:
                     if system == "loop":
                         runs[system].append(loop_run(cfg, Path(tmp)))
+                    elif system == "pfl":
+                        runs[system].append(pfl_run(cfg, Path(tmp), args.pfl_python))
                     else:
                         runs[system].append(edgefl_run(cfg, root, rep, backend=system))
             if args.repeats > 1:
