@@ -68,7 +68,7 @@ class _RecorderWorker(WorkerPlugin):
             REC["start"].append((d, job.task, _bufs(job.model)))
 
     def send_update(self, d, job, delta):
-        flat = self.core.model_on(job.torch_device)[1]
+        flat = job.flat
         with _LOCK:
             REC["end"].append((d, job.task, _bufs(job.model), job.aux[0]))
             REC["delta"].append((d, delta[flat.buffer_slice].copy()))

@@ -2,7 +2,7 @@
 discrete-event simulator.
 
 The driver below mirrors what ``edgefl.runtime.coordinator`` does with a policy (``_loop``,
-``_execute``, ``_apply``, ``_available``) on the virtual clock, without MPI or torch: every
+``_execute``, ``apply``, ``_available``) on the virtual clock, without MPI or torch: every
 device needs a fixed number of seconds per task, may go offline during given windows or
 crash at a given time; a task that crosses an offline moment or a crash is lost at that
 moment; events are processed in time order (ties: arrive, lost, timer, online, then by

@@ -8,7 +8,8 @@ its ``__init__``); importing ``a.b.c`` does not count as importing the packages 
 
 Rules:
 
-(a) no import cycle among edgefl modules;
+(a) no import cycle among edgefl modules (an import under ``if TYPE_CHECKING:`` is for
+    annotations only and does not count here; it counts for every other rule);
 (b) ``edgefl.ckpt`` (the bottom layer) imports nothing from edgefl but ``edgefl.errors``,
     ``edgefl.config`` and itself;
 (c) the pure algorithm modules ``edgefl.policies`` never reach ``edgefl.comm``,
@@ -18,7 +19,13 @@ Rules:
     ``edgefl.launching``, ``edgefl.preflight``, ``edgefl.launcher``), directly or through
     other edgefl modules;
 (f) ``edgefl.launcher`` (mpiexec, the exit statuses; imported by the runtime and the
-    benches) never reaches the launch layers above it.
+    benches) never reaches the launch layers above it;
+(g) plugins see the run only through their context: no module under
+    ``edgefl.algorithms`` imports from ``edgefl.runtime`` (but ``compose``, the
+    composition matrix, its policy checks) or reaches the runtime core (coordinator,
+    worker, their contexts), and none reads an attribute named ``core``;
+(h) the runtime's helper modules call no private method of the object they serve
+    (``core._x(...)``).
 
 Known violations of the runtime restructure in progress are allowed edge by edge in
 :data:`KNOWN_RUNTIME_EDGES`; any other violation fails.
@@ -103,12 +110,31 @@ def parse_imports(name: str, source: str) -> tuple[tuple[str, str | None, int], 
 
 
 @cache
-def graph() -> dict[str, dict[str, int]]:
-    """module -> {imported edgefl module: first line}, self-imports left out."""
+def type_only_lines(name: str) -> frozenset[int]:
+    """Lines of module ``name``'s imports under ``if TYPE_CHECKING:`` (annotations only)."""
+    tree = ast.parse(modules()[name].read_text(encoding="utf-8"), str(modules()[name]))
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        test = getattr(node, "test", None)
+        if isinstance(node, ast.If) and isinstance(test, ast.Name) and test.id == "TYPE_CHECKING":
+            for sub in node.body:
+                out |= {
+                    n.lineno for n in ast.walk(sub) if isinstance(n, ast.Import | ast.ImportFrom)
+                }
+    return frozenset(out)
+
+
+@cache
+def graph(annotations: bool = True) -> dict[str, dict[str, int]]:
+    """module -> {imported edgefl module: first line}, self-imports left out (without the
+    annotation-only imports unless ``annotations``)."""
     g: dict[str, dict[str, int]] = {}
     for name in modules():
         edges: dict[str, int] = {}
+        skip = frozenset() if annotations else type_only_lines(name)
         for target, _, line in imports_of(name):
+            if line in skip:
+                continue
             owner = _owner(target) if target.split(".")[0] == "edgefl" else None
             if owner is not None and owner != name:
                 edges.setdefault(owner, line)
@@ -116,11 +142,11 @@ def graph() -> dict[str, dict[str, int]]:
     return g
 
 
-def checked_graph() -> dict[str, dict[str, int]]:
+def checked_graph(annotations: bool = True) -> dict[str, dict[str, int]]:
     """:func:`graph` without the allowed known edges."""
     return {
         m: {t: ln for t, ln in e.items() if (m, t) not in KNOWN_RUNTIME_EDGES}
-        for m, e in graph().items()
+        for m, e in graph(annotations).items()
     }
 
 
@@ -204,7 +230,7 @@ def _cycle_in(g: dict[str, dict[str, int]], comp: list[str]) -> list[str]:
 
 
 def test_no_import_cycles():
-    found = cycles(checked_graph())
+    found = cycles(checked_graph(annotations=False))
     lines = [
         " -> ".join(c) + "\n    " + "\n    ".join(_where(a, b) for a, b in zip(c, c[1:]))
         for c in found
@@ -368,3 +394,54 @@ def test_the_graph_sees_relative_lazy_and_submodule_imports():
         ["a", "b", "c", "a"]
     ]
     assert cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+# -- (g), (h) plugins and their context -----------------------------------------------------
+RUNTIME_CORE = ("edgefl.runtime.coordinator", "edgefl.runtime.worker", "edgefl.runtime.contexts")
+
+
+def test_plugins_never_import_the_runtime():
+    g = checked_graph()
+    bad = []
+    for m in sorted(g):
+        if not _in(m, "edgefl.algorithms"):
+            continue
+        direct = sorted(v for v in g[m] if _in(v, "edgefl.runtime"))
+        if direct and m != "edgefl.algorithms.compose":
+            bad += [f"{m} -> {v}" for v in direct]
+        path = _path_to(g, m, lambda v: v in RUNTIME_CORE)
+        if path:
+            bad.append(" -> ".join(path))
+    assert not bad, "a plugin module reaches the runtime:\n  " + "\n  ".join(bad)
+
+
+def _attribute_reads(path: Path, name: str) -> list[int]:
+    tree = ast.parse(path.read_text(), str(path))
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == name]
+
+
+def test_plugins_hold_a_context_not_the_core():
+    bad = [
+        f"{p.relative_to(ROOT.parent)}:{line}"
+        for m, p in modules().items()
+        if _in(m, "edgefl.algorithms")
+        for line in _attribute_reads(p, "core")
+    ]
+    assert not bad, "plugin code reads an attribute named core:\n  " + "\n  ".join(bad)
+
+
+def test_runtime_helpers_call_no_private_method_of_the_core():
+    bad = []
+    for m, p in modules().items():
+        if not _in(m, "edgefl.runtime"):
+            continue
+        for n in ast.walk(ast.parse(p.read_text(), str(p))):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute)
+                and isinstance(n.func.value, ast.Name)
+                and n.func.value.id == "core"
+                and n.func.attr.startswith("_")
+            ):
+                bad.append(f"{p.relative_to(ROOT.parent)}:{n.lineno} core.{n.func.attr}()")
+    assert not bad, "runtime helpers call private methods:\n  " + "\n  ".join(bad)

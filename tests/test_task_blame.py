@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from edgefl.comm.taskflags import ISOLATE, pack_flags
 from edgefl.runtime import blame
-from edgefl.runtime.protocol import ISOLATE, pack_flags
 
 
 def _core(task_timeout_s="auto", failure_timeout_s=0.0, virtual=True):

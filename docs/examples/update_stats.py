@@ -41,9 +41,9 @@ def options(cfg: dict) -> dict:
 class UpdateStatsCoordinator(CoordinatorPlugin):
     """Rank 0: norms of the applied updates (read only)."""
 
-    def __init__(self, core, name: str) -> None:
-        super().__init__(core, name)
-        self.warn_norm = float(options(core.cfg)["warn_norm"])
+    def __init__(self, ctx, name: str) -> None:
+        super().__init__(ctx, name)
+        self.warn_norm = float(options(ctx.cfg)["warn_norm"])
         self.updates = 0  # updates applied
         self.over = 0  # ... whose norm was above warn_norm
         self.sum_norm = 0.0
@@ -112,17 +112,16 @@ class UpdateStatsCoordinator(CoordinatorPlugin):
 class UpdateStatsWorker(WorkerPlugin):
     """A worker rank: local tasks per device (checkpointed per device)."""
 
-    def __init__(self, core, name: str) -> None:
-        super().__init__(core, name)
+    def __init__(self, ctx, name: str) -> None:
+        super().__init__(ctx, name)
         # keyed by device as tasks come: a device re-hosted onto this rank after a rank
         # died (before any checkpoint of its state) is counted from its first task here
         self.tasks: dict[int, int] = {}
 
     def on_register(self, info: dict) -> None:
-        # one JSON-able entry in this rank's REGISTER message, under the plugin's name.
-        # (Rank 0 reads the core's fields of a REGISTER; it keeps no copy of the extra ones
-        # for the coordinator halves today, so this only shows the hook.)
-        info[self.name] = {"devices": len(self.core.devices), "format": 1}
+        # one JSON-able entry in this rank's REGISTER message, under the plugin's name; the
+        # coordinator half can read it as ``self.ctx.rank_info[rank][name]``
+        info[self.name] = {"devices": len(self.ctx.devices), "format": 1}
 
     def before_train(self, d: int, job) -> None:
         self.tasks[d] = self.tasks.get(d, 0) + 1  # every training task (not the flush)

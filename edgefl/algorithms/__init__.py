@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .base import CoordinatorPlugin, Plugin, Requirement, WorkerPlugin
+from .context import CoordinatorContext, WorkerContext
 
 # built-in plugins in the order their hooks run: "module:Class" under edgefl.algorithms
 BUILTIN = (
@@ -140,20 +141,22 @@ def check_config(cfg: dict) -> None:
             raise ConfigError(f"plugin '{c.name}': check_config failed: {e}") from None
 
 
-def coordinator_plugins(core: Any) -> list[CoordinatorPlugin]:
-    """The coordinator halves for ``core`` (also sets ``core.worker_state``: does some
-    worker half keep per-device state for checkpoints)."""
-    classes = load(core.cfg)
-    core.worker_state = any(
+def coordinator_plugins(ctx: CoordinatorContext) -> list[CoordinatorPlugin]:
+    """The coordinator halves of the job whose config is ``ctx.cfg``, each handed ``ctx``."""
+    return [c.coordinator(ctx, c.name) for c in load(dict(ctx.cfg)) if c.coordinator is not None]
+
+
+def worker_plugins(ctx: WorkerContext) -> list[WorkerPlugin]:
+    """The worker halves of the job whose config is ``ctx.cfg``, each handed ``ctx``."""
+    return [c.worker(ctx, c.name) for c in load(dict(ctx.cfg)) if c.worker is not None]
+
+
+def worker_keeps_state(cfg: dict) -> bool:
+    """Does some worker half of the job keep per-device state for checkpoints?"""
+    return any(
         c.worker is not None and c.worker.device_state is not WorkerPlugin.device_state
-        for c in classes
+        for c in load(cfg)
     )
-    return [c.coordinator(core, c.name) for c in classes if c.coordinator is not None]
-
-
-def worker_plugins(core: Any) -> list[WorkerPlugin]:
-    """The worker halves for worker rank ``core``."""
-    return [c.worker(core, c.name) for c in load(core.cfg) if c.worker is not None]
 
 
 def summary_defaults() -> dict[str, Any]:
@@ -167,8 +170,10 @@ def summary_defaults() -> dict[str, Any]:
 
 __all__ = [
     "BUILTIN",
+    "CoordinatorContext",
     "CoordinatorPlugin",
     "Plugin",
+    "WorkerContext",
     "WorkerPlugin",
     "builtin_classes",
     "check_config",
@@ -177,5 +182,6 @@ __all__ = [
     "load",
     "plugin_requirements",
     "summary_defaults",
+    "worker_keeps_state",
     "worker_plugins",
 ]

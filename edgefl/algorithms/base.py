@@ -11,8 +11,10 @@ The core calls the hooks at fixed points of its loops, in the order the plugins 
 (built-in plugins first, in :data:`edgefl.algorithms.BUILTIN` order, then the user's
 ``algorithm.plugins``). Every hook has a do-nothing default, so a plugin overrides only
 what it needs. A hook that returns ``None`` leaves the decision to the next plugin or to the
-core. Plugins never import the transport's internals: they send and receive through the
-core objects they are given (``self.core``).
+core. A half reaches the run only through its context, ``self.ctx``
+(:class:`~edgefl.algorithms.context.CoordinatorContext` or
+:class:`~edgefl.algorithms.context.WorkerContext`): never the coordinator or worker object,
+and never the transport.
 
 Coordinator hooks, in the order the core calls them during a run:
 
@@ -21,7 +23,7 @@ Coordinator hooks, in the order the core calls them during a run:
                            the key for a bad or unsupported value (before any rank starts)
 ``on_registered()``        every worker rank registered (may exchange messages); each
                            rank's REGISTER, with its ``on_register`` fields, is in
-                           ``core.rank_info[rank]``
+                           ``ctx.rank_info[rank]``
 ``on_start()``             before the first task is dispatched (fresh run and resume)
 ``shape_task(d, spec)``    edit the :class:`TaskSpec` of a task before its TRAIN is sent
 ``send_model(rank)``       send the current model to ``rank`` yourself; True if done
@@ -34,7 +36,7 @@ Coordinator hooks, in the order the core calls them during a run:
 ``transform(apply)``       filter/replace the arrivals of a model change (returns Apply)
 ``aggregate(apply)``       the step to apply (float32 vector) instead of the aggregator's
 ``on_model_step(apply)``   after the step, before the version counts (same version)
-``after_apply(apply, t)``  the version counted (``core.version`` is the new one)
+``after_apply(apply, t)``  the version counted (``ctx.version`` is the new one)
 ``on_device_dead(d, t)``   device ``d`` is dead (crash or its rank failed)
 ``on_device_moved(d, r,    device ``d``'s rank died and rank ``r`` hosts it from now on
 t, state)``                (``fleet.rehost``); ``state`` ({plugin: per-device state from
@@ -73,6 +75,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ..comm.taskflags import CONTINUE, FLUSH, REFRESH
+from .context import CoordinatorContext, WorkerContext
+
 if TYPE_CHECKING:  # (annotations only)
     from ..comm import Message
     from ..policies.consistency import Apply, Arrival
@@ -85,7 +90,8 @@ class TaskSpec:
     Args:
         samples: training samples to use (0 = the device's whole training split).
         batch: mini-batch size (0 = ``train.batch_size``).
-        flags: the runtime's task flags (:mod:`edgefl.runtime.protocol`).
+        flags: the runtime's task flags (:mod:`edgefl.comm.taskflags`; read them through
+            :attr:`continues`, :attr:`refreshes` and :attr:`flushes`).
         arg: a small non-negative integer a plugin passes to its worker half (0 = none;
             below 2**23). Only one plugin of a job may use it (GDDR's tau does).
     """
@@ -94,6 +100,21 @@ class TaskSpec:
     batch: int = 0
     flags: int = 0
     arg: int = 0
+
+    @property
+    def continues(self) -> bool:
+        """A gated device goes on from its own local model (no model download)."""
+        return bool(self.flags & CONTINUE)
+
+    @property
+    def refreshes(self) -> bool:
+        """With :attr:`continues`: the device first adopts the current global model."""
+        return bool(self.flags & REFRESH)
+
+    @property
+    def flushes(self) -> bool:
+        """The end of training: the device sends what it still holds back."""
+        return bool(self.flags & FLUSH)
 
 
 @dataclass
@@ -114,6 +135,7 @@ class LocalJob:
         fit_ctx: the :class:`edgefl.training.FitContext` handed to the client hook
             (plugins add loss penalties and gradient hooks to it in ``before_train``).
         metrics: the client's metrics of the task (by name), once trained.
+        flat: ``model``'s :class:`~edgefl.models.flat.FlatParams` view (offsets, buffers).
     """
 
     device: int
@@ -129,19 +151,20 @@ class LocalJob:
     fit_task: Any = None
     fit_ctx: Any = None
     metrics: dict = field(default_factory=dict)
+    flat: Any = None
 
 
 class CoordinatorPlugin:
-    """Rank-0 half of an algorithm. ``core`` is the :class:`~edgefl.runtime.coordinator.
-    Coordinator`; the hooks are documented in the module docstring."""
+    """Rank-0 half of an algorithm; ``self.ctx`` is its :class:`CoordinatorContext`. The
+    hooks are documented in the module docstring."""
 
     update_kinds: ClassVar[tuple[int, ...]] = ()  # update kinds this half decodes
     message_kinds: ClassVar[tuple[int, ...]] = ()  # other upward kinds it handles
     #: an all-zero end-of-training flush still makes a model version (see flush_devices)
     flush_always_applies: ClassVar[bool] = False
 
-    def __init__(self, core: Any, name: str) -> None:
-        self.core = core
+    def __init__(self, ctx: CoordinatorContext, name: str) -> None:
+        self.ctx = ctx
         self.name = name
 
     def on_registered(self) -> None: ...
@@ -196,13 +219,13 @@ class CoordinatorPlugin:
 
 
 class WorkerPlugin:
-    """Worker-rank half of an algorithm. ``core`` is the :class:`~edgefl.runtime.worker.
-    Worker`; the hooks are documented in the module docstring."""
+    """Worker-rank half of an algorithm; ``self.ctx`` is its :class:`WorkerContext`. The
+    hooks are documented in the module docstring."""
 
     message_kinds: ClassVar[tuple[int, ...]] = ()  # downward kinds this half handles
 
-    def __init__(self, core: Any, name: str) -> None:
-        self.core = core
+    def __init__(self, ctx: WorkerContext, name: str) -> None:
+        self.ctx = ctx
         self.name = name
 
     def on_register(self, info: dict) -> None: ...

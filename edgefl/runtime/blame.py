@@ -21,7 +21,7 @@ A worker rank trains its devices' tasks one at a time, in the order their TRAINs
   killed by rank 0: the tasks that may have been running then (the rank's oldest unanswered
   ones; a worker holds up to ``HOLD_UPDATES`` finished updates before sending them) get a
   strike and are re-run on their new rank *isolated*: the TRAIN carries
-  :data:`~edgefl.runtime.protocol.ISOLATE`, so the worker first sends what it holds, tells
+  :data:`~edgefl.comm.taskflags.ISOLATE`, so the worker first sends what it holds, tells
   rank 0 when the task starts (a ``STARTED`` heartbeat, after its data is built) and sends
   its answer at once. When a rank then fails while its oldest unanswered task is an isolated
   one, that task is known to be the one running: a second strike, and its device is
@@ -39,7 +39,7 @@ import statistics
 import time
 from typing import Any
 
-from .protocol import ISOLATE, unpack_flags
+from ..comm.taskflags import ISOLATE, unpack_flags
 
 FLOOR_S = 10.0  # the shortest deadline of the sized watchdog (seconds)
 FACTOR = 10.0  # x the device's slowest observed task

@@ -45,6 +45,7 @@ def save(core: Any, round_: int, rows: list[dict], wall: float, now: float) -> P
         "staleness": json.dumps({str(k): v for k, v in core.staleness.items()}),
         "lost_tasks": int(core.lost_tasks),
         "quarantine": json.dumps({str(d): q for d, q in core.quarantine.items()}),
+        "control_messages": int(core.control_msgs),
     }
     state["server_optimizer"] = core.server_opt.state_dict()
     state["aggregation"] = {"state": _aggregator_state(core.aggregator)}
@@ -121,6 +122,9 @@ def restore(core: Any, st: dict) -> None:
     core.staleness = {int(k): int(v) for k, v in json.loads(c["staleness"]).items()}
     core.lost_tasks = int(c.get("lost_tasks", 0))
     core.quarantine = {int(d): q for d, q in json.loads(c.get("quarantine", "{}")).items()}
+    # (older checkpoints kept the count in Hermes' state)
+    old_count = st.get("plugins", {}).get("hermes", {}).get("state", {}).get("control_messages", 0)
+    core.control_msgs = int(c.get("control_messages", old_count))
     _another_chance(core)
     core.server_opt.load_state_dict(st["server_optimizer"])
     agg = st.get("aggregation", {}).get("state")
@@ -226,9 +230,9 @@ def resume_flight(core: Any) -> Any:
     from) and return the decision the interrupted run was carrying out; None otherwise
     (the policy then starts afresh)."""
     from ..comm import Kind
+    from ..comm.taskflags import CONTINUE, REFRESH, unpack_flags
     from ..comm.wire import Message, kind_of
     from ..policies.consistency import Decision
-    from .protocol import CONTINUE, REFRESH, unpack_flags
 
     fl = getattr(core, "flight_state", None)
     if not fl:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..algorithms import coordinator_plugins
+from ..algorithms import coordinator_plugins, worker_keeps_state
 from ..algorithms.base import CoordinatorPlugin, TaskSpec
 from ..comm import Kind, Message, Transport
+from ..comm.taskflags import CONTINUE, REFRESH, pack_flags
 from ..comm.wire import HEADER_BYTES
 from ..errors import EdgeflError
 from ..kernels import fingerprint
@@ -28,6 +29,7 @@ from ..rankwrap import defer_stop
 from ..server import make_server
 from ..sim.timeline import Timeline
 from . import blame, checkpointing, failures, flush, planning, registration, rehost, summary
+from .contexts import RuntimeCoordinatorContext
 from .events import (
     ARRIVE,
     FAILED,
@@ -42,7 +44,6 @@ from .events import (
 )
 from .output import MetricsLog, Progress
 from .policies import make_update_aggregator
-from .protocol import CONTINUE, REFRESH, pack_flags
 from .state import Task
 from .trackers import make_trackers
 from .watch import FAREWELL, WANT_FAREWELL, RankWatch
@@ -117,7 +118,9 @@ class Coordinator:
                 f"{self.task.signature}); are all ranks using the same config?"
             )
 
-    def _setup(self) -> None:
+    def setup(self) -> None:
+        """Build the run's state once every rank registered: the consistency policy, the
+        fleet's profiles, the bookkeeping, the plugins (each handed :attr:`ctx`)."""
         cfg = self.cfg
         self.virtual = cfg["sim"]["clock"] == "virtual"
         samples = {d: v["samples"] for d, v in sorted(self.devices.items())}
@@ -153,12 +156,13 @@ class Coordinator:
         self.control_msgs = 0
         self.iter_time: dict[int, float] = {}
         self.n_train = {d: v["samples"] for d, v in self.devices.items()}  # plugins may cut
-        self.plugins = coordinator_plugins(self)
-        self.worker_state = self.worker_state or self.gated  # (gated: local models)
+        self.ctx = RuntimeCoordinatorContext(self)  # what the plugins see of the run
+        self.plugins = coordinator_plugins(self.ctx)
+        self.worker_state = worker_keeps_state(cfg) or self.gated  # (gated: local models)
         self.sent: dict[int, tuple[int, tuple]] = {}  # device -> (its latest task, TRAIN aux)
         self.pending: Decision | None = None  # what the run does after the apply under way
         base = CoordinatorPlugin.on_device_dead
-        self._dead_hooks = [p for p in self.plugins if type(p).on_device_dead is not base]
+        self.dead_hooks = [p for p in self.plugins if type(p).on_device_dead is not base]
         self._owners = {k: p for p in self.plugins for k in (*p.update_kinds, *p.message_kinds)}
         self.rehost = rehost.enabled(cfg) and rehost.supported(self)  # fleet.rehost
         self.quarantine: dict[int, dict] = {}  # devices with non-finite updates
@@ -211,12 +215,12 @@ class Coordinator:
         task = self.next_task(d)
         self._book_download(d)
         self.inflight[d] = (task, self.version, now)
-        self._hold_base()
+        self.hold_base()
         self.log_event("dispatch", now, d, task)
         spec = self._spec(d, 0)
         if not self._plan(d, task, now, spec, download=True):
             return
-        self._model_to_rank(self.devices[d]["rank"])
+        self.model_to_rank(self.devices[d]["rank"])
         self._send_train(d, task, now, spec)
 
     def _continue(self, d: int, now: float) -> None:
@@ -229,19 +233,19 @@ class Coordinator:
             if base in self.base_refs:
                 self.base_refs[base] -= 1
             base = self.version
-            self._hold_base()
+            self.hold_base()
             self._book_download(d)
         self.inflight[d] = (task, base, t0)
         spec = self._spec(d, CONTINUE | REFRESH if refresh else CONTINUE)
         if not self._plan(d, task, now, spec, download=refresh):
             return
         if refresh:
-            self._model_to_rank(self.devices[d]["rank"], wait=True)
+            self.model_to_rank(self.devices[d]["rank"], wait=True)
         else:
             self.control_msgs += 1
         self._send_train(d, task, now, spec)
 
-    def _hold_base(self) -> None:
+    def hold_base(self) -> None:
         """A task starts from the current version: keep a copy while it is out (FedAsync
         mixes with it; a checkpoint sends it again to the task's rank on resume)."""
         if self.keep_bases:
@@ -268,7 +272,7 @@ class Coordinator:
                 return n
         return 2 * HEADER_BYTES + self.global_model.nbytes
 
-    def _model_to_rank(self, rank: int, wait: bool = False) -> None:
+    def model_to_rank(self, rank: int, wait: bool = False) -> None:
         """Send ``rank`` the current model unless it already has this version (``wait``:
         first let pending sends finish, as the model buffer may be in flight)."""
         if self.rank_version.get(rank) == self.version:
@@ -368,7 +372,7 @@ class Coordinator:
     def _execute(self, dec: Decision, now: float) -> None:
         if dec.apply is not None:
             self.pending = dec  # (a checkpoint of the new version records what follows)
-            self._apply(dec.apply, now)
+            self.apply(dec.apply, now)
             self.pending = None
             dec = self.server.rerun(dec)  # a failed-over round starts again
         if dec.timer is not None:
@@ -382,7 +386,9 @@ class Coordinator:
         for d in dec.dispatch:
             self._dispatch(d, now)
 
-    def _apply(self, ap: Apply, now: float) -> None:
+    def apply(self, ap: Apply, now: float) -> None:
+        """Make one model change of ``ap`` at clock ``now`` (seconds): the plugins'
+        transforms, the aggregation step, the version count, the metrics row."""
         self.t.wait_sends()  # sends of the global buffer must finish before it changes
         if ap.mode != "mix":
             for p in self.plugins:
@@ -629,8 +635,8 @@ class Coordinator:
             return self._on_arrival(ev, now)
         if ev.kind == LOST:
             self.task_done(ev.device)
-            if self._dead_hooks and self._dead(ev.device, now):
-                for p in self._dead_hooks:
+            if self.dead_hooks and self._dead(ev.device, now):
+                for p in self.dead_hooks:
                     p.on_device_dead(ev.device, now)
             self.lost_tasks += 1
             self.log_event("lost", now, ev.device, ev.task)

@@ -60,7 +60,7 @@ def rank_failed(core: Any, rank: int, now: float) -> Decision:
             core.task_done(d)
             core.lost_tasks += 1
             _merge(dec, core.policy.lost(d, now, core.available))
-        for p in core._dead_hooks:
+        for p in core.dead_hooks:
             p.on_device_dead(d, now)
     if stop:
         core.stopped = f"rank {rank} failed (fleet.on_failure = stop)"

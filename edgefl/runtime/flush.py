@@ -8,10 +8,10 @@ import time
 from typing import Any
 
 from ..comm import Kind, Message
+from ..comm.taskflags import FLUSH
 from ..errors import EdgeflError
 from ..policies.consistency import Apply, Arrival
 from .events import ARRIVE
-from .protocol import FLUSH
 
 
 def flush(core: Any) -> None:
@@ -52,7 +52,7 @@ def flush(core: Any) -> None:
         got = []
     if got:
         core.log_event("flush", now, -1, -1, devices=len(got))
-        core._apply(Apply("terms", got, [core.policy.weight(a.device) for a in got]), now)
+        core.apply(Apply("terms", got, [core.policy.weight(a.device) for a in got]), now)
 
 
 def wait_for(core: Any, key: tuple[int, int], limit_s: float | None = None) -> Message:

@@ -43,7 +43,7 @@ def register(core: Any) -> None:
             waiting.discard(msg.src)
     _write_ranks(core)
     check_numerics(core)
-    core._setup()
+    core.setup()
     for p in core.plugins:
         p.on_registered()
 

@@ -35,8 +35,8 @@ import logging
 from typing import Any
 
 from ..comm import Kind
+from ..comm.taskflags import CONTINUE, ISOLATE, REFRESH, pack_flags, unpack_flags
 from .devstate import RUNTIME, encode
-from .protocol import CONTINUE, ISOLATE, REFRESH, pack_flags, unpack_flags
 from .registration import rehost_numerics
 
 log = logging.getLogger("edgefl.coordinator")
@@ -145,13 +145,13 @@ def _rerun(core: Any, d: int, now: float) -> bool:
         if base in core.base_refs:
             core.base_refs[base] -= 1
         base = core.version
-        core._hold_base()
+        core.hold_base()
         core.inflight[d] = (task, base, t0)
     version = int(aux[0])
     rank = core.devices[d]["rank"]
     if not flags & CONTINUE or flags & REFRESH:
         if version == core.version:
-            core._model_to_rank(rank, wait=True)  # (nothing if the rank holds it already)
+            core.model_to_rank(rank, wait=True)  # (nothing if the rank holds it already)
         elif version in core.bases:
             core.t.send(rank, Kind.MODEL, round=version, payload=core.bases[version])
         else:

@@ -21,6 +21,7 @@ import torch
 from ..algorithms import worker_plugins
 from ..algorithms.base import LocalJob, TaskSpec, WorkerPlugin
 from ..comm import Kind, Transport
+from ..comm.taskflags import CONTINUE, FLUSH, ISOLATE, REFRESH, unpack_flags
 from ..data import FederatedDataset
 from ..errors import ConfigError, EdgeflError
 from ..kernels import fingerprint as numerics_fingerprint
@@ -33,9 +34,9 @@ from ..training import FitContext, FitTask, check_result, load_client, lr_at, re
 from ..training.optim import optimizer_factory
 from . import devstate
 from .blame import STARTED
+from .contexts import RuntimeWorkerContext
 from .debughooks import WorkerDebug
 from .placement import devices_of_rank, torch_device_for
-from .protocol import CONTINUE, FLUSH, ISOLATE, REFRESH, unpack_flags
 from .state import Task
 from .watch import DECLARED_DEAD, FAREWELL, FAREWELL_WAIT_S, LIVENESS, WANT_FAREWELL
 
@@ -108,7 +109,8 @@ class Worker:
         self.loss = resolve_loss(tr["loss"], self.data.info.task)  # train.loss
         self.fit = load_client(tr["client"])  # the client hook (train.client)
         self.make_optimizer = optimizer_factory(tr)  # train.optimizer
-        self.plugins: list[WorkerPlugin] = worker_plugins(self)
+        self.ctx = RuntimeWorkerContext(self)  # what the plugins see of this rank
+        self.plugins: list[WorkerPlugin] = worker_plugins(self.ctx)
         self._handlers = {k: p.on_message for p in self.plugins for k in p.message_kinds}
         if self.client is not None:
             self._handlers.update({k: self.client.on_message for k in self.client.message_kinds})
@@ -336,6 +338,11 @@ class Worker:
         for v in [v for v in self.versions if v not in keep]:
             self._free.append(self.versions.pop(v))
 
+    def split(self, device: int) -> tuple | None:
+        """(training split, held-out split) of ``device`` as the plugin answering ``split``
+        made it, or None (every sample trains)."""
+        return self._hook("split", device, self.data.train(device))
+
     def _hook(self, name: str, *args):
         """The first plugin answer (not None) of hook ``name``, or None."""
         for p in self.plugins:
@@ -414,14 +421,14 @@ class Worker:
         dev = self.torch_dev[device]
         model, flat = self.model_on(dev)
         flat.from_host(st.params if self.gated else self.versions[version])
-        train_ds, holdout = self._hook("split", device, self.data.train(device)) or (
-            self.data.train(device), None)  # fmt: skip
+        train_ds, holdout = self.split(device) or (self.data.train(device), None)
         if 0 < spec.samples < len(train_ds):
             g = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, task, SUBSET))
             idx = torch.randperm(len(train_ds), generator=g)[: spec.samples].sort().values
             train_ds = torch.utils.data.Subset(train_ds, idx.tolist())
         start = self.versions.get(version)
         job = LocalJob(device, task, version, spec, model, train_ds, dev, start)
+        job.flat = flat
         c = self.cfg["train"]
         job.fit_task = FitTask(
             c["local_epochs"], c["local_steps"], spec.batch or c["batch_size"],

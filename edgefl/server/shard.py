@@ -352,7 +352,7 @@ class Shard:
 
     def _apply(self, version: int, rows: np.ndarray) -> None:
         """Aggregate the pieces named by ``rows`` into every owned range (as rank 0's
-        ``_apply`` does for the whole model: the same aggregator and server step,
+        ``apply`` does for the whole model: the same aggregator and server step,
         elementwise), replicate the new ranges and send them to rank 0 as ``version``."""
         if not self.own:
             raise EdgeflError(f"shard rank {self.t.rank}: an apply before any model arrived")

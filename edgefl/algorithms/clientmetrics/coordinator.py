@@ -5,6 +5,7 @@ from __future__ import annotations
 from ...comm import Message
 from ...comm.wire import HEADER_BYTES
 from ..base import CoordinatorPlugin
+from ..context import CoordinatorContext
 from .codec import decode
 from .kinds import CLIENT_METRICS
 
@@ -14,21 +15,21 @@ class ClientMetricsCoordinator(CoordinatorPlugin):
 
     message_kinds = (CLIENT_METRICS,)
 
-    def __init__(self, core, name: str) -> None:
-        super().__init__(core, name)
+    def __init__(self, ctx: CoordinatorContext, name: str) -> None:
+        super().__init__(ctx, name)
         self.latest: dict[str, dict[str, float]] = {}
 
     def on_message(self, msg: Message) -> None:
-        core, d = self.core, msg.device
+        ctx, d = self.ctx, msg.device
         try:
             m = decode(msg.payload)
         except ValueError as e:
-            core.t.reject(msg.src, f"CLIENT_METRICS of device {d}: {e}")
+            ctx.reject(msg.src, f"CLIENT_METRICS of device {d}: {e}")
             return
-        if d not in core.devices:
-            core.t.reject(msg.src, f"CLIENT_METRICS of unknown device {d}")
+        if d not in ctx.devices:
+            ctx.reject(msg.src, f"CLIENT_METRICS of unknown device {d}")
             return
-        core.book_up(d, HEADER_BYTES + msg.nbytes)
+        ctx.book_up(d, HEADER_BYTES + msg.nbytes)
         self.latest[str(d)] = m
 
     def on_row(self, row: dict) -> None:

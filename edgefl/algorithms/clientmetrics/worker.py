@@ -15,5 +15,5 @@ class ClientMetricsWorker(WorkerPlugin):
     def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
         if job.metrics:
             payload = encode(job.ctx.get("client_samples", 0), job.metrics)
-            self.core.t.send(0, CLIENT_METRICS, device=d, round=job.task, payload=payload)
+            self.ctx.send(0, CLIENT_METRICS, device=d, round=job.task, payload=payload)
         return False  # the update itself is sent by the core or another plugin

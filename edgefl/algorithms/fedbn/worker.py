@@ -17,21 +17,22 @@ from typing import Any
 import numpy as np
 
 from ..base import LocalJob, WorkerPlugin
+from ..context import WorkerContext
 
 
 class FedBNWorker(WorkerPlugin):
     """Per-device buffer values: ``{device: float32 array}`` (the flat buffer entries)."""
 
-    def __init__(self, core: Any, name: str) -> None:
-        super().__init__(core, name)
-        flat = core.task.flat
+    def __init__(self, ctx: WorkerContext, name: str) -> None:
+        super().__init__(ctx, name)
+        flat = ctx.flat
         self.sl: slice = flat.buffer_slice
         # the initial values, taken before the rank's warm-up step touches the model
         self.initial: np.ndarray = flat.buffer_values()
         self.values: dict[int, np.ndarray] = {}
 
     def _flat(self, job: LocalJob):
-        return self.core.model_on(job.torch_device)[1]
+        return job.flat
 
     def _keep(self, d: int, job: LocalJob) -> None:
         self.values[d] = self._flat(job).buffer_values()

@@ -9,9 +9,8 @@ import torch
 
 from ...comm import Message
 from ...comm.wire import HEADER_BYTES
-from ...data.holdout import holdout_size
-from ...runtime.protocol import CONTINUE, FLUSH, REFRESH
 from ..base import CoordinatorPlugin, TaskSpec
+from ..context import CoordinatorContext
 from .kinds import FED_EVAL
 from .metrics import decode, load_metrics, metric_means, weighted_means
 
@@ -35,17 +34,15 @@ class FedEvalCoordinator(CoordinatorPlugin):
 
     message_kinds = (FED_EVAL,)
 
-    def __init__(self, core, name: str) -> None:
-        super().__init__(core, name)
-        cfg = core.cfg
+    def __init__(self, ctx: CoordinatorContext, name: str) -> None:
+        super().__init__(ctx, name)
+        cfg = ctx.cfg
         self.every = int(cfg["evaluation"]["every"])
         self.metrics = load_metrics(cfg["evaluation"]["metrics"])
         self.keys = ["loss", "accuracy", *self.metrics]
         self.gated = cfg["algorithm"]["gate"] != "always"
-        if not self.gated:  # (with a gate Hermes' split is used, and Hermes cut n_train)
-            frac = float(cfg["evaluation"]["holdout"])
-            for d, v in core.devices.items():
-                core.n_train[d] = v["samples"] - holdout_size(v["samples"], frac)
+        if not self.gated:  # (with a gate Hermes' split is used: Hermes holds out)
+            ctx.hold_out(float(cfg["evaluation"]["holdout"]))
         self.pending: dict[int, dict[str, dict]] = {}  # version -> device -> result
         self.open: dict[int, set[int]] = {}  # version -> devices whose task evaluating it runs
         self.booked: dict[int, int] = {}  # device -> version its running task evaluates
@@ -63,10 +60,10 @@ class FedEvalCoordinator(CoordinatorPlugin):
     def shape_task(self, d: int, spec: TaskSpec) -> None:
         """Book a task that will evaluate the current version (the worker's rule)."""
         self._ended(d)  # (a device runs one task at a time: its previous one is over)
-        v = self.core.version
-        if v % self.every or spec.flags & FLUSH:
+        v = self.ctx.version
+        if v % self.every or spec.flushes:
             return
-        if not self.gated or not spec.flags & CONTINUE or spec.flags & REFRESH:
+        if not self.gated or not spec.continues or spec.refreshes:
             self.booked[d] = v
             self.open.setdefault(v, set()).add(d)
 
@@ -77,27 +74,27 @@ class FedEvalCoordinator(CoordinatorPlugin):
         self._ended(d)
 
     def on_message(self, msg: Message) -> None:
-        core, d = self.core, msg.device
+        ctx, d = self.ctx, msg.device
         try:
             r = decode(msg.payload, list(self.metrics))
         except ValueError as e:
-            core.t.reject(msg.src, f"FED_EVAL of device {d}: {e}")
+            ctx.reject(msg.src, f"FED_EVAL of device {d}: {e}")
             return
-        if d not in core.devices or r["version"] != msg.round:
-            core.t.reject(msg.src, f"FED_EVAL of device {d}: version {r['version']} mismatch")
+        if d not in ctx.devices or r["version"] != msg.round:
+            ctx.reject(msg.src, f"FED_EVAL of device {d}: version {r['version']} mismatch")
             return
-        core.book_up(d, HEADER_BYTES + msg.nbytes)
+        ctx.book_up(d, HEADER_BYTES + msg.nbytes)
         res = {"samples": r["samples"], **{k: r[k] for k in self.keys}}
         self.pending.setdefault(int(msg.round), {})[str(d)] = res
 
     # -- the rows -----------------------------------------------------------------------
     def _ready(self, v: int) -> bool:
-        return v < self.core.version and not self.open.get(v)
+        return v < self.ctx.version and not self.open.get(v)
 
     def on_row(self, row: dict) -> None:
         """Land one evaluated version in ``row`` (``fed_version``, ``fed_eval``, ``fed_*``
         means) and add ``test_<metric>`` where the row evaluated the test set."""
-        final = row["round"] >= self.core.cfg["run"]["rounds"]
+        final = row["round"] >= self.ctx.cfg["run"]["rounds"]
         for v in [v for v, devs in self.open.items() if not devs and v not in self.pending]:
             del self.open[v]  # (no result came: its devices died or their tasks were lost)
         waiting = sorted(self.pending)
@@ -111,9 +108,9 @@ class FedEvalCoordinator(CoordinatorPlugin):
                          "dropped", sorted(self.pending))  # fmt: skip
             self.pending.clear()
         if self.metrics and row.get("test_accuracy") is not None:
-            core = self.core
+            ctx = self.ctx
             with torch.random.fork_rng(devices=[]):
-                means = metric_means(core.task.model, core.test_set, self.metrics)
+                means = metric_means(ctx.model, ctx.test_set, self.metrics)
             row.update({f"test_{k}": v for k, v in means.items()})
 
     def _land(self, row: dict, v: int) -> None:

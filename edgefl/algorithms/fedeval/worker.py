@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ...data.holdout import holdout_split
 from ..base import LocalJob, WorkerPlugin
+from ..context import WorkerContext
 from .kinds import FED_EVAL
 from .metrics import encode, evaluate_on, load_metrics
 
@@ -16,13 +17,13 @@ class FedEvalWorker(WorkerPlugin):
     that model (a gated device only when it just got a global model, not when it goes on
     from its own local one) and sends the result before it trains."""
 
-    def __init__(self, core, name: str) -> None:
-        super().__init__(core, name)
-        c = core.cfg["evaluation"]
+    def __init__(self, ctx: WorkerContext, name: str) -> None:
+        super().__init__(ctx, name)
+        c = ctx.cfg["evaluation"]
         self.every = int(c["every"])
         self.fraction = float(c["holdout"])
         self.metrics = load_metrics(c["metrics"])
-        self.gated = core.cfg["algorithm"]["gate"] != "always"
+        self.gated = ctx.cfg["algorithm"]["gate"] != "always"
         self.splits: dict[int, tuple] = {}
         self.fresh: set[int] = set()  # gated devices whose next task starts from a global model
 
@@ -31,7 +32,7 @@ class FedEvalWorker(WorkerPlugin):
         if self.gated:
             return None
         if d not in self.splits:
-            self.splits[d] = holdout_split(ds, self.fraction, self.core.cfg["seed"], d)
+            self.splits[d] = holdout_split(ds, self.fraction, self.ctx.cfg["seed"], d)
         return self.splits[d]
 
     def new_model(self, d: int) -> None:
@@ -40,11 +41,9 @@ class FedEvalWorker(WorkerPlugin):
     def _held_out(self, d: int):
         """The held-out split the job's training excluded: the first plugin's answer to
         ``split`` (Hermes' with a gate, else this plugin's)."""
-        ds = self.core.data.train(d)
-        for p in self.core.plugins:
-            got = p.split(d, ds)
-            if got is not None:
-                return got[1]
+        got = self.ctx.split(d)
+        if got is not None:
+            return got[1]
         raise RuntimeError(f"device {d}: no held-out split for federated evaluation")
 
     def before_train(self, d: int, job: LocalJob) -> None:
@@ -52,8 +51,8 @@ class FedEvalWorker(WorkerPlugin):
         self.fresh.discard(d)
         if not fresh or job.version % self.every:
             return
-        core = self.core
-        r = evaluate_on(job.model, self._held_out(d), core.data.info.task, self.metrics,
-                        job.torch_device, getattr(core, "loss", None))  # fmt: skip
+        ctx = self.ctx
+        r = evaluate_on(job.model, self._held_out(d), ctx.task_kind, self.metrics,
+                        job.torch_device, ctx.loss)  # fmt: skip
         r = {"version": int(job.version), "device": int(d), **r}
-        self.core.t.send(0, FED_EVAL, device=d, round=int(job.version), payload=encode(r))
+        self.ctx.send(0, FED_EVAL, device=d, round=int(job.version), payload=encode(r))

@@ -15,9 +15,9 @@ class FedProxWorker(WorkerPlugin):
     def before_train(self, d: int, job: LocalJob) -> None:
         if job.fit_ctx is None:
             return
-        core = self.core
-        flat = core.model_on(job.torch_device)[1]
+        ctx = self.ctx
+        flat = job.flat
         anchor = job.start if job.start is not None else flat.to_host().copy()
         params = [p for _, p in job.model.named_parameters()]
-        mu = float(core.cfg["fedprox"]["mu"])
+        mu = float(ctx.cfg["fedprox"]["mu"])
         job.fit_ctx.grad_hooks.append(proximal_hook(params, flat.offsets, anchor, mu))

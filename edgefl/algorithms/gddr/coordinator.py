@@ -9,6 +9,7 @@ import numpy as np
 from ...comm import Message
 from ...policies.consistency import Apply
 from ..base import CoordinatorPlugin, TaskSpec
+from ..context import CoordinatorContext
 from .kinds import RESIDUAL
 
 log = logging.getLogger("edgefl.coordinator")
@@ -22,12 +23,12 @@ class GDDRCoordinator(CoordinatorPlugin):
     update_kinds = (RESIDUAL,)
     flush_always_applies = True
 
-    def __init__(self, core, name: str) -> None:
+    def __init__(self, ctx: CoordinatorContext, name: str) -> None:
         from edgefl.algorithms.gddr.replay import ResidualReplay
         from edgefl.algorithms.gddr.tau import make_tau_controller
 
-        super().__init__(core, name)
-        g = core.cfg["gddr"]
+        super().__init__(ctx, name)
+        g = ctx.cfg["gddr"]
         self.decoders: dict = {}
         self.tauc = make_tau_controller(g["adaptive"], g["tau"], g["tau_min"], g["tau_max"])
         self.replay = ResidualReplay(decay=g["replay_decay"], steps=g["replay_steps"])
@@ -42,9 +43,9 @@ class GDDRCoordinator(CoordinatorPlugin):
 
         dec = self.decoders.get(d)
         if dec is None:
-            c = self.core.cfg
+            c = self.ctx.cfg
             dec = self.decoders[d] = ReleaseDecoder(
-                self.core.global_model.size, d, c["seed"], alpha=c["gddr"]["alpha"]
+                self.ctx.numel, d, c["seed"], alpha=c["gddr"]["alpha"]
             )
         return dec
 
@@ -63,11 +64,11 @@ class GDDRCoordinator(CoordinatorPlugin):
 
     def on_model_step(self, ap: Apply) -> None:
         """Replayed residual mass rides on every model change; then tau adapts."""
-        core = self.core
-        lr = np.float32(core.cfg["server"]["lr"])
+        ctx = self.ctx
+        lr = np.float32(ctx.cfg["server"]["lr"])
         for amt in self.replay.next_amounts():
-            w = core.policy.weight(amt.device)
-            core.global_model[amt.indices] += (lr * w * amt.values).astype(np.float32)
+            w = ctx.update_weight(amt.device)
+            ctx.add_to_model(amt.indices, (lr * w * amt.values).astype(np.float32))
         if self.norms:
             self.tauc.update(self.norms)
             self.norms = []
@@ -79,10 +80,10 @@ class GDDRCoordinator(CoordinatorPlugin):
 
         from ...errors import CheckpointError
 
-        core = self.core
-        if core.out_dir is None or d not in self.decoders:
+        ctx = self.ctx
+        if ctx.out_dir is None or d not in self.decoders:
             return
-        path = core.out_dir / "checkpoints" / "gddr" / residual_checkpoint_name(d)
+        path = ctx.out_dir / "checkpoints" / "gddr" / residual_checkpoint_name(d)
         try:
             state = load_residual(path)
             start = self.replay.start(state, self.decoders[d].steps_after(state["last_step"]))
@@ -95,7 +96,7 @@ class GDDRCoordinator(CoordinatorPlugin):
                 {"device": d, "time_s": now, "checkpoint_step": start.checkpoint_step,
                  "coordinates": start.coordinates, "total": start.total}
             )  # fmt: skip
-            core.log_event("replay", now, d, -1)
+            ctx.log_event("replay", now, d, -1)
 
     def on_device_moved(self, d: int, rank: int, now: float, state: dict) -> None:
         """Re-hosted: the residual checkpoint is folded in here (as for a dead device) and
@@ -104,17 +105,17 @@ class GDDRCoordinator(CoordinatorPlugin):
         self.on_device_dead(d, now)
         self.decoders.pop(d, None)
         state.pop(self.name, None)
-        if self.core.out_dir is not None:  # (read by the replay: the new count starts over)
+        if self.ctx.out_dir is not None:  # (read by the replay: the new count starts over)
             from edgefl.algorithms.gddr.store import residual_checkpoint_name
 
-            ckpt = self.core.out_dir / "checkpoints" / "gddr" / residual_checkpoint_name(d)
+            ckpt = self.ctx.out_dir / "checkpoints" / "gddr" / residual_checkpoint_name(d)
             ckpt.unlink(missing_ok=True)
 
     def flush_devices(self) -> list[int]:
         return sorted(self.decoders)
 
     def summary(self) -> dict:
-        st, size = self.stats, self.core.global_model.size
+        st, size = self.stats, self.ctx.numel
         return {"gddr": {
             "messages": st["messages"],
             "payload_density": st["values"] / (st["messages"] * size) if st["messages"] else None,

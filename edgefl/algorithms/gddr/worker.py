@@ -8,6 +8,7 @@ import numpy as np
 
 from ...comm import Kind
 from ..base import LocalJob, WorkerPlugin
+from ..context import WorkerContext
 from .kinds import RESIDUAL
 
 
@@ -16,20 +17,20 @@ class GDDRWorker(WorkerPlugin):
     residual checkpoint of a due step is written before the message leaves, so a
     coordinator that saw the message can always find it (``gddr.checkpoint_every``)."""
 
-    def __init__(self, core, name: str) -> None:
-        super().__init__(core, name)
+    def __init__(self, ctx: WorkerContext, name: str) -> None:
+        super().__init__(ctx, name)
         self.residuals: dict = {}
-        out = core.out_dir
+        out = ctx.out_dir
         self.ckpt_dir = Path(out) / "checkpoints" / "gddr" if out else None
 
     def _residual(self, device: int):
         if device not in self.residuals:
             from edgefl.algorithms.gddr.residual import GDDRResidual
 
-            c = self.core.cfg
+            c = self.ctx.cfg
             g = c["gddr"]
             self.residuals[device] = GDDRResidual(
-                self.core.global_model.size, device, c["seed"], alpha=g["alpha"], tau=g["tau"],
+                self.ctx.numel, device, c["seed"], alpha=g["alpha"], tau=g["tau"],
                 installments=g["installments"], installment_ratio=g["installment_ratio"],
             )  # fmt: skip
         return self.residuals[device]
@@ -43,13 +44,13 @@ class GDDRWorker(WorkerPlugin):
         payload = np.empty(rel.values.size + 1, np.float32)
         payload[:-1] = rel.values
         payload[-1] = rel.norm
-        every = self.core.cfg["gddr"]["checkpoint_every"]
+        every = self.ctx.cfg["gddr"]["checkpoint_every"]
         if self.ckpt_dir is not None and every and (step + 1) % every == 0:
             from edgefl.algorithms.gddr.store import residual_checkpoint_name, save_residual
 
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_residual(self.ckpt_dir / residual_checkpoint_name(d), res.state_dict())
-        self.core.t.send(0, RESIDUAL, device=d, round=job.task,
+        self.ctx.send(0, RESIDUAL, device=d, round=job.task,
                          aux=(*job.aux[:3], float(rel.tau)), payload=payload)  # fmt: skip
         return True
 
@@ -57,10 +58,10 @@ class GDDRWorker(WorkerPlugin):
         """End of training: everything the device's residual still holds, dense."""
         if d not in self.residuals:
             return False
-        held = np.zeros(self.core.global_model.size, np.float32)
+        held = np.zeros(self.ctx.numel, np.float32)
         held[:] = self.residuals[d].flush()
-        aux = (float(self.core.data.num_samples(d)), 0.0, 0.0, 0.0)
-        self.core.t.send(0, Kind.UPDATE, device=d, round=task, aux=aux, payload=held)
+        aux = (float(self.ctx.num_samples(d)), 0.0, 0.0, 0.0)
+        self.ctx.send(0, Kind.UPDATE, device=d, round=task, aux=aux, payload=held)
         return True
 
     def device_state(self, d: int) -> dict:

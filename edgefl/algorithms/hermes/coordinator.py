@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from ...data.holdout import holdout_size
-from ...models.train import evaluate
 from ...policies.consistency import Apply
 from ..base import CoordinatorPlugin, TaskSpec
+from ..context import CoordinatorContext
 from .metrics import HermesMetrics
 
 
@@ -17,33 +15,30 @@ class HermesCoordinator(CoordinatorPlugin):
     folds pushes into the loss-weighted average, tells busy gated devices to adopt a new
     global model (``hermes.broadcast = "all"``) and keeps the WI / API metrics."""
 
-    def __init__(self, core, name: str) -> None:
+    def __init__(self, ctx: CoordinatorContext, name: str) -> None:
         from edgefl.algorithms.hermes.allocation import make_allocator
 
         from .loss_weighted import LOSS_AGGREGATIONS
 
-        super().__init__(core, name)
-        cfg = core.cfg
+        super().__init__(ctx, name)
+        cfg = ctx.cfg
         alg = cfg["algorithm"]
         self.metrics = HermesMetrics()
         gated = alg["gate"] != "always"
-        hold = cfg["hermes"]["holdout_fraction"]
-        for d, v in core.devices.items():
-            n = v["samples"]
-            # a gated device holds out a seeded part of its samples for its gate
-            h = holdout_size(n, hold) if gated else 0
-            core.n_train[d] = n - h
+        if gated:  # a gated device holds out a seeded part of its samples for its gate
+            ctx.hold_out(cfg["hermes"]["holdout_fraction"])
+        for d in ctx.devices:
             self.metrics.add_device(d)
         self.allocating = alg["allocation"] != "fixed"
         self.allocator = make_allocator(
             alg["allocation"], cfg["allocation"], epochs=cfg["train"]["local_epochs"]
         )
-        for d in sorted(core.devices):
-            cap = core.profiles[d].mem_cap if core.profiles is not None else 0
+        for d in sorted(ctx.devices):
+            cap, n = ctx.memory_cap(d), ctx.train_size(d)
             first = None
             if self.allocating:
-                first = max(1, int(cfg["allocation"]["initial_fraction"] * core.n_train[d]))
-            self.allocator.add_device(d, core.n_train[d], memory_cap=cap or None, samples=first,
+                first = max(1, int(cfg["allocation"]["initial_fraction"] * n))
+            self.allocator.add_device(d, n, memory_cap=cap or None, samples=first,
                                       batch=cfg["train"]["batch_size"] or 32)  # fmt: skip
         self.loss_agg = alg["aggregation"] in LOSS_AGGREGATIONS
         self.broadcast = gated and cfg["hermes"]["broadcast"] == "all"
@@ -64,7 +59,7 @@ class HermesCoordinator(CoordinatorPlugin):
         its candidate test loss (the global model with the update applied)."""
         if not self.loss_agg:
             return None
-        agg = self.core.aggregator
+        agg = self.ctx.aggregator
         gl = self._global_test_loss()
         arr = sorted(ap.arrivals, key=lambda x: x.device) if ap.mode == "aggregate" else ap.arrivals
         step = None
@@ -79,38 +74,24 @@ class HermesCoordinator(CoordinatorPlugin):
     def after_apply(self, ap: Apply, now: float) -> None:
         if self.broadcast:
             pushers = {a.device for a in ap.arrivals}
-            for d in self.core.inflight:
+            for d in self.ctx.busy:
                 if d not in pushers:
-                    self.core.refresh[d] = True
-
-    def _test_loss(self) -> float:
-        core = self.core
-        with torch.no_grad():
-            return evaluate(
-                core.task.model, core.test_set, core.task.data.info.task, loss=core.loss
-            )[0]
+                    self.ctx.request_refresh(d)
 
     def _global_test_loss(self) -> float:
         """Test loss of the current global model (cached per version)."""
-        v = self.core.version
+        v = self.ctx.version
         if self._global_loss is None or self._global_loss[0] != v:
-            self._global_loss = (v, self._test_loss())
+            self._global_loss = (v, self.ctx.test_loss())
         return self._global_loss[1]
 
     def _candidate_loss(self, delta: np.ndarray) -> float:
         """Test loss of the global model with ``delta`` applied (the model is restored)."""
-        g = self.core.global_model
-        keep = g.copy()
-        g += delta
-        try:
-            return self._test_loss()
-        finally:
-            g[:] = keep
+        return self.ctx.test_loss(delta)
 
     def summary(self) -> dict:
         """WI, API calls, iterations, iteration-time CV (any gate)."""
-        core = self.core
-        devs = core.devices
+        devs = self.ctx.devices
         wi = {str(d): v["iterations"] / v["requests"] if v.get("requests") else 0.0
               for d, v in sorted(devs.items())}  # fmt: skip
         pulls = sum(v.get("requests", 0) for v in devs.values())
@@ -123,7 +104,7 @@ class HermesCoordinator(CoordinatorPlugin):
             "pulls": pulls,
             "pushes": pushes,
             "api_calls": pulls + pushes,
-            "control_messages": core.control_msgs,
+            "control_messages": self.ctx.control_messages,
             "bytes": sum(v["bytes_up"] + v["bytes_down"] for v in devs.values()),
             "iteration_time_cv_first": cvs[0] if cvs else None,
             "iteration_time_cv_last": cvs[-1] if cvs else None,
@@ -137,13 +118,11 @@ class HermesCoordinator(CoordinatorPlugin):
         }}  # fmt: skip
 
     def state_dict(self) -> dict:
-        return {"metrics": self.metrics.state_dict(), "allocator": self.allocator.state_dict(),
-                "control_messages": int(self.core.control_msgs)}  # fmt: skip
+        return {"metrics": self.metrics.state_dict(), "allocator": self.allocator.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.metrics.load_state_dict(state["metrics"])
         self.allocator.load_state_dict(state["allocator"])
-        self.core.control_msgs = int(state.get("control_messages", 0))
 
 
 def settled_cv(times: dict[int, list[float]], last: int = 5) -> float | None:

@@ -9,6 +9,7 @@ import torch
 from ...data.holdout import holdout_split
 from ...models.train import evaluate
 from ..base import LocalJob, WorkerPlugin
+from ..context import WorkerContext
 
 
 class HermesWorker(WorkerPlugin):
@@ -16,9 +17,9 @@ class HermesWorker(WorkerPlugin):
     out; after every local iteration the gate sees the held-out loss and says whether the
     device pushes (at most ``hermes.max_local_iterations`` iterations without a push)."""
 
-    def __init__(self, core, name: str) -> None:
-        super().__init__(core, name)
-        self.gated = core.cfg["algorithm"]["gate"] != "always"
+    def __init__(self, ctx: WorkerContext, name: str) -> None:
+        super().__init__(ctx, name)
+        self.gated = ctx.cfg["algorithm"]["gate"] != "always"
         self.gates: dict = {}
         self.splits: dict = {}
 
@@ -26,7 +27,7 @@ class HermesWorker(WorkerPlugin):
         if device not in self.gates:
             from edgefl.algorithms.hermes.gate import make_gate
 
-            c = self.core.cfg
+            c = self.ctx.cfg
             self.gates[device] = make_gate(c["algorithm"]["gate"], c["hermes"])
         return self.gates[device]
 
@@ -38,8 +39,8 @@ class HermesWorker(WorkerPlugin):
             if len(ds) < 2:  # (its gate measures on the one sample it trains on)
                 self.splits[d] = (ds, ds)
             else:
-                frac = self.core.cfg["hermes"]["holdout_fraction"]
-                self.splits[d] = holdout_split(ds, frac, self.core.cfg["seed"], d)
+                frac = self.ctx.cfg["hermes"]["holdout_fraction"]
+                self.splits[d] = holdout_split(ds, frac, self.ctx.cfg["seed"], d)
         return self.splits[d]
 
     def new_model(self, d: int) -> None:
@@ -51,13 +52,13 @@ class HermesWorker(WorkerPlugin):
         if not self.gated:
             return None
         with torch.no_grad():
-            loss = evaluate(job.model, holdout, self.core.data.info.task,
-                            device=job.torch_device, loss=self.core.loss)[0]  # fmt: skip
+            loss = evaluate(job.model, holdout, self.ctx.task_kind,
+                            device=job.torch_device, loss=self.ctx.loss)[0]  # fmt: skip
         if not math.isfinite(loss):  # pushed as it is: rank 0 quarantines it (the gate's
             return True, loss, 0.0  # window stays clean and the device restarts)
         g = self._gate(d)
         push = g.observe(loss)
-        cap = self.core.cfg["hermes"]["max_local_iterations"]
+        cap = self.ctx.cfg["hermes"]["max_local_iterations"]
         push = push or (cap > 0 and iterations >= cap)
         z = 0.0
         if not push and g.last is not None:

@@ -9,6 +9,7 @@ import numpy as np
 from ...comm import Message
 from ...policies.consistency import Apply
 from ..base import CoordinatorPlugin
+from ..context import CoordinatorContext
 from .kinds import GRADS, ORDER
 
 
@@ -19,11 +20,11 @@ class OrderingCoordinator(CoordinatorPlugin):
 
     message_kinds = (GRADS,)
 
-    def __init__(self, core, name: str) -> None:
+    def __init__(self, ctx: CoordinatorContext, name: str) -> None:
         from .orderers import make_cfg_orderer
 
-        super().__init__(core, name)
-        self.orderer = make_cfg_orderer(core.cfg)
+        super().__init__(ctx, name)
+        self.orderer = make_cfg_orderer(ctx.cfg)
         self.stream = None  # the open epoch
         self.before = None  # orderer state at the epoch's start (ordering.save_debug)
         self.seconds = 0.0  # all balancing (stream adds + finish), seconds
@@ -35,20 +36,20 @@ class OrderingCoordinator(CoordinatorPlugin):
         if o.orders:  # resumed: the checkpoint's current orders
             self._send_orders(o.orders)
         else:
-            core = self.core
-            sizes = [o.num_units(core.n_train[d]) for d in sorted(core.devices)]
+            ctx = self.ctx
+            sizes = [o.num_units(ctx.train_size(d)) for d in sorted(ctx.devices)]
             self._send_orders(o.initial_orders(sizes))
 
     def _send_orders(self, orders: list[np.ndarray]) -> None:
         """Every device's order for the orderer's current epoch; opens the epoch's stream."""
-        core = self.core
-        self.current = dict(zip(sorted(core.devices), orders))
-        for d, o in zip(sorted(core.devices), orders):
-            core.t.send(
-                core.devices[d]["rank"], ORDER, device=d, round=self.orderer.epoch,
+        ctx = self.ctx
+        self.current = dict(zip(sorted(ctx.devices), orders))
+        for d, o in zip(sorted(ctx.devices), orders):
+            ctx.send(
+                ctx.devices[d]["rank"], ORDER, device=d, round=self.orderer.epoch,
                 payload=np.ascontiguousarray(o, np.int32),
             )  # fmt: skip
-        cfg = core.cfg["ordering"]
+        cfg = ctx.cfg["ordering"]
         self.stream = self.orderer.begin_epoch(sketched=cfg["sketch_dim"] > 0)
         self.before = self.orderer.state_dict() if cfg["save_debug"] else None
 
@@ -56,14 +57,14 @@ class OrderingCoordinator(CoordinatorPlugin):
         """One GRADS. One that does not fit (not the device's task in flight, rows out of
         sequence, bad shape or values) is rejected and the device gets a D-RR order next
         epoch (its rows of this epoch are incomplete)."""
-        core, d, st = self.core, msg.device, self.stream
-        if st is None or d not in core.devices:
-            core.t.reject(msg.src, f"GRADS of device {d}: no ordering epoch open")
+        ctx, d, st = self.ctx, msg.device, self.stream
+        if st is None or d not in ctx.devices:
+            ctx.reject(msg.src, f"GRADS of device {d}: no ordering epoch open")
             return
-        w = sorted(core.devices).index(d)
+        w = sorted(ctx.devices).index(d)
         if w in st.moved:
             return  # re-run after a move: its rows of this epoch are given up (see below)
-        task = core.inflight.get(d, (None,))[0]
+        task = ctx.busy.get(d, (None,))[0]
         n, width, first = int(msg.aux[0]), int(msg.aux[1]), int(msg.aux[2])
         if msg.round != task:
             why = f"for task {msg.round}, device {d} is running task {task}"
@@ -81,7 +82,7 @@ class OrderingCoordinator(CoordinatorPlugin):
             # the newest add: if it carried the round's last rows, the epoch waited for it
             self.last_add_s = time.perf_counter() - t0
         if why is not None:
-            core.t.reject(msg.src, f"GRADS of device {d}: {why}")
+            ctx.reject(msg.src, f"GRADS of device {d}: {why}")
             if w not in st.missing:
                 st.drop(w)
 
@@ -93,10 +94,10 @@ class OrderingCoordinator(CoordinatorPlugin):
         order = getattr(self, "current", {}).get(d)
         if order is None:
             return
-        self.core.t.send(rank, ORDER, device=d, round=self.orderer.epoch,
+        self.ctx.send(rank, ORDER, device=d, round=self.orderer.epoch,
                          payload=np.ascontiguousarray(order, np.int32))  # fmt: skip
         st = self.stream
-        w = sorted(self.core.devices).index(d)
+        w = sorted(self.ctx.devices).index(d)
         if st is not None and st.count[w] > 0 and w not in st.missing:
             st.drop(w)
             st.moved.add(w)
@@ -106,9 +107,9 @@ class OrderingCoordinator(CoordinatorPlugin):
         missing, get a D-RR order) and send every device its next order."""
         if ap.mode != "aggregate":
             return
-        core, st = self.core, self.stream
+        ctx, st = self.ctx, self.stream
         got = {a.device for a in ap.arrivals}
-        for w, d in enumerate(sorted(core.devices)):
+        for w, d in enumerate(sorted(ctx.devices)):
             if d not in got and w not in st.missing:
                 st.drop(w)
         used = [u.copy() for u in st.used]
@@ -119,7 +120,7 @@ class OrderingCoordinator(CoordinatorPlugin):
         self.wait_seconds += self.last_add_s + time.perf_counter() - t0
         self.last_add_s = 0.0
         self.seconds += st.seconds
-        if self.before is not None and core.out_dir is not None:
+        if self.before is not None and ctx.out_dir is not None:
             self._save_debug(st, used, orders)
         self._send_orders(orders)
 
@@ -131,10 +132,10 @@ class OrderingCoordinator(CoordinatorPlugin):
             None if w in st.missing or not o.needs_grads else st.buf[w]
             for w in range(len(st.sizes))
         ]
-        folder = self.core.out_dir / "ordering"
+        folder = self.ctx.out_dir / "ordering"
         folder.mkdir(exist_ok=True)
         path = folder / f"epoch-{o.epoch - 1:05d}.npz"
-        sketched = self.core.cfg["ordering"]["sketch_dim"] > 0
+        sketched = self.ctx.cfg["ordering"]["sketch_dim"] > 0
         save_epoch_debug(path, self.before, grads, used, orders, sketched=sketched)
 
     def summary(self) -> dict:

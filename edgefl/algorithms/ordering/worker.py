@@ -6,6 +6,7 @@ import numpy as np
 
 from ...comm import Message
 from ..base import LocalJob, WorkerPlugin
+from ..context import WorkerContext
 from .kinds import GRADS, ORDER
 
 
@@ -15,17 +16,17 @@ class OrderingWorker(WorkerPlugin):
 
     message_kinds = (ORDER,)
 
-    def __init__(self, core, name: str) -> None:
+    def __init__(self, ctx: WorkerContext, name: str) -> None:
         from .orderers import make_cfg_orderer
 
-        super().__init__(core, name)
-        self.orderer = make_cfg_orderer(core.cfg)  # used for its sketch only
+        super().__init__(ctx, name)
+        self.orderer = make_cfg_orderer(ctx.cfg)  # used for its sketch only
         self.orders: dict[int, np.ndarray] = {}
         self.pe: dict[str, object] = {}
 
     def on_message(self, msg: Message) -> None:
         self.orders[msg.device] = np.array(msg.payload, np.int64)
-        self.core.t.release(msg)
+        self.ctx.release(msg)
 
     def train(self, d: int, job: LocalJob) -> float:
         from ...models.ordered import ordered_epoch
@@ -34,11 +35,11 @@ class OrderingWorker(WorkerPlugin):
         order = self.orders.get(d)
         if order is None:
             raise RuntimeError(f"device {d}: no example order received before task {job.task}")
-        o, ds, dev, cfg = self.orderer, job.dataset, job.torch_device, self.core.cfg
+        o, ds, dev, cfg = self.orderer, job.dataset, job.torch_device, self.ctx.cfg
         n = len(ds)
         ex_order = o.example_order(order, n) if o.num_units(n) != n else order
         if dev not in self.pe:
-            self.pe[dev] = PerExampleGrads(job.model, self.core.data.info.task, loss=self.core.loss)
+            self.pe[dev] = PerExampleGrads(job.model, self.ctx.task_kind, loss=self.ctx.loss)
         c = cfg["train"]
         # streamed: each step's rows go to rank 0 at once (example units only: a microbatch's
         # gradient is known when all its examples were visited)
@@ -50,9 +51,9 @@ class OrderingWorker(WorkerPlugin):
         loss, g = ordered_epoch(
             job.model, ds, ex_order, batch_size=c["batch_size"], lr=job.fit_task.lr,
             momentum=c["momentum"], weight_decay=c["weight_decay"],
-            task=self.core.data.info.task, grads=self.pe[dev], device=dev,
+            task=self.ctx.task_kind, grads=self.pe[dev], device=dev,
             on_step=ship if stream else None,
-            optimizer=self.core.make_optimizer(list(job.model.parameters()), job.fit_task.lr),
+            optimizer=self.ctx.make_optimizer(list(job.model.parameters()), job.fit_task.lr),
             before_step=job.fit_ctx.before_step,
         )  # fmt: skip
         if o.needs_grads and not stream:
@@ -72,7 +73,7 @@ class OrderingWorker(WorkerPlugin):
         """One GRADS message: ``rows`` (units ``first ..`` of the epoch, visit order),
         projected by the orderer's sketch; aux = (rows, width, first, 0)."""
         g = np.ascontiguousarray(self.orderer.project(rows), dtype=np.float32)
-        self.core.t.send(
+        self.ctx.send(
             0, GRADS, device=device, round=task,
             aux=(float(g.shape[0]), float(g.shape[1]), float(first), 0.0), payload=g.reshape(-1),
         )  # fmt: skip

@@ -11,6 +11,7 @@ from ...comm import Kind, Message
 from ...comm.wire import HEADER_BYTES
 from ...policies.consistency import Apply, Arrival
 from ..base import CoordinatorPlugin
+from ..context import CoordinatorContext
 from .kinds import MODEL_KEYS, RESEND, SPARSE, WORKSET
 from .workset import working_set_pulls
 
@@ -24,8 +25,8 @@ class PSCoordinator(CoordinatorPlugin):
 
     update_kinds = (SPARSE,)
 
-    def __init__(self, core, name: str) -> None:
-        super().__init__(core, name)
+    def __init__(self, ctx: CoordinatorContext, name: str) -> None:
+        super().__init__(ctx, name)
         self.ws_dev: dict[int, np.ndarray] = {}  # device -> its accepted working set
         self.ws_rank: dict[int, tuple[np.ndarray, int]] = {}  # rank -> (union keys, digest)
         self.ws_rejected: list[int] = []  # devices whose WORKSET was rejected
@@ -40,8 +41,8 @@ class PSCoordinator(CoordinatorPlugin):
 
     # -- working-set pulls ------------------------------------------------------------------
     def on_registered(self) -> None:
-        if working_set_pulls(self.core.cfg):
-            deadline = time.monotonic() + self.core.cfg["comm"]["register_timeout_s"]
+        if working_set_pulls(self.ctx.cfg):
+            deadline = time.monotonic() + self.ctx.cfg["comm"]["register_timeout_s"]
             self._collect_working_sets(deadline)
 
     def _collect_working_sets(self, deadline: float) -> None:
@@ -51,20 +52,20 @@ class PSCoordinator(CoordinatorPlugin):
         run asks again."""
         from ...policies.keyrange import check_keys, key_digest
 
-        core = self.core
-        numel = core.global_model.size
-        for w in core.workers:
-            core.t.send(w, Kind.HEARTBEAT)
-        waiting = set(core.workers)
+        ctx = self.ctx
+        numel = ctx.numel
+        for w in ctx.workers:
+            ctx.send(w, Kind.HEARTBEAT)
+        waiting = set(ctx.workers)
         while waiting:
-            waiting -= core.t.failed
+            waiting -= ctx.failed_ranks
             if not waiting:
                 break
             if time.monotonic() > deadline:
                 log.warning("ranks %s sent no working sets within comm.register_timeout_s; "
                             "they get full models", sorted(waiting))  # fmt: skip
                 break
-            for msg in core.t.poll(timeout=0.5):
+            for msg in ctx.poll(0.5):
                 if msg.kind == Kind.HEARTBEAT:
                     waiting.discard(msg.src)
                 elif msg.kind == WORKSET:
@@ -72,35 +73,31 @@ class PSCoordinator(CoordinatorPlugin):
                     try:
                         keys = check_keys(msg.payload, numel, "keys")
                     except ValueError as e:
-                        core.t.reject(msg.src, f"WORKSET of rank {msg.src}, device {d}: {e}")
+                        ctx.reject(msg.src, f"WORKSET of rank {msg.src}, device {d}: {e}")
                         self.ws_rejected.append(d)
                     else:
                         self.ws_dev[d] = keys.copy()
                         self.ws_up[d] = self.ws_up.get(d, 0) + HEADER_BYTES + msg.nbytes
-                elif msg.kind == Kind.ERROR:
-                    from ...runtime.events import WorkerFailed, error_text
-
-                    raise WorkerFailed(error_text(msg))
                 else:
                     log.warning("ignoring %s from rank %d (expected WORKSET)", msg.kind.name,
                                 msg.src)  # fmt: skip
-                core.t.release(msg)
-        for w in core.workers:
-            devs = [d for d, v in sorted(core.devices.items()) if v["rank"] == w]
+                ctx.release(msg)
+        for w in ctx.workers:
+            devs = [d for d, v in sorted(ctx.devices.items()) if v["rank"] == w]
             if not devs or any(d not in self.ws_dev for d in devs):
                 continue
             keys = np.unique(np.concatenate([self.ws_dev[d] for d in devs]))
             if keys.size < numel:
                 self.ws_rank[w] = (keys, key_digest(keys))
-        full = sorted(set(core.workers) - set(self.ws_rank))
+        full = sorted(set(ctx.workers) - set(self.ws_rank))
         log.info("working-set pulls to ranks %s; full models to ranks %s", sorted(self.ws_rank),
                  full)  # fmt: skip
 
     def on_start(self) -> None:
-        if self.core.resume is not None:
+        if self.ctx.resuming:
             return  # (the resumed totals hold the first run's WORKSET uploads)
         for d, up in sorted(self.ws_up.items()):  # WORKSET uploads
-            self.core.book_up(d, up)
+            self.ctx.book_up(d, up)
 
     def send_model(self, rank: int) -> bool:
         """Only the values at the rank's working sets (MODEL_KEYS; aux = (number of keys,
@@ -109,16 +106,16 @@ class PSCoordinator(CoordinatorPlugin):
         if ws is None:
             return False
         keys, digest = ws
-        core = self.core
+        ctx = self.ctx
         aux = (float(keys.size), float(digest))
-        core.t.send(rank, MODEL_KEYS, round=core.version, aux=aux,
-                    payload=core.global_model[keys])  # fmt: skip
+        ctx.send(rank, MODEL_KEYS, round=ctx.version, aux=aux,
+                    payload=ctx.global_model[keys])  # fmt: skip
         return True
 
     def down_bytes(self, d: int) -> int | None:
         """MODEL_KEYS + TRAIN headers and the device's own working set's values (counted as
         for one device per node)."""
-        if self.core.devices[d]["rank"] not in self.ws_rank:
+        if self.ctx.devices[d]["rank"] not in self.ws_rank:
             return None
         return 2 * HEADER_BYTES + 4 * self.ws_dev[d].size
 
@@ -128,7 +125,7 @@ class PSCoordinator(CoordinatorPlugin):
         the device to resend it with the full index list."""
         from .compress import KeyCacheMiss, MessageError
 
-        core = self.core
+        ctx = self.ctx
         dec = self._decoder(d)
         for _attempt in range(2):
             try:
@@ -139,10 +136,10 @@ class PSCoordinator(CoordinatorPlugin):
                 return out, "", msg
             except KeyCacheMiss:
                 self.resends += 1
-                core.book_up(d, HEADER_BYTES + msg.nbytes)  # the message that missed
-                core.t.release(msg)
-                core.t.send(core.devices[d]["rank"], RESEND, device=d, round=task)
-                msg = core.wait_for((d, task))
+                ctx.book_up(d, HEADER_BYTES + msg.nbytes)  # the message that missed
+                ctx.release(msg)
+                ctx.send(ctx.devices[d]["rank"], RESEND, device=d, round=task)
+                msg = ctx.wait_for((d, task))
             except MessageError as e:
                 return None, f"sparse update of device {d}: {e}", msg
         return None, f"sparse update of device {d}: key list still unknown after a resend", msg
@@ -152,10 +149,10 @@ class PSCoordinator(CoordinatorPlugin):
 
         dec = self.decoders.get(d)
         if dec is None:
-            core = self.core
-            numel = core.global_model.size
-            dec = self.decoders[d] = Decoder(numel, core.cfg["ps"]["cache_entries"])
-            if core.cfg["ps"]["key_cache"] and d in self.ws_dev:
+            ctx = self.ctx
+            numel = ctx.numel
+            dec = self.decoders[d] = Decoder(numel, ctx.cfg["ps"]["cache_entries"])
+            if ctx.cfg["ps"]["key_cache"] and d in self.ws_dev:
                 # the device's accepted working set is its first cached key list: its pushes
                 # can name subsets of it as bitmaps from the start
                 dec.cache.put(key_hash(self.ws_dev[d], numel), self.ws_dev[d])
@@ -169,13 +166,13 @@ class PSCoordinator(CoordinatorPlugin):
         m[2] += float(np.abs(values).sum(dtype=np.float64))
 
     def after_apply(self, ap: Apply, now: float) -> None:
-        every = self.core.cfg["debug"]["forget_key_cache_every"]
-        if every and self.core.version % every == 0:
+        every = self.ctx.cfg["debug"]["forget_key_cache_every"]
+        if every and self.ctx.version % every == 0:
             for dec in self.decoders.values():
                 dec.reset_cache()
 
     def flush_devices(self) -> list[int]:
-        return sorted(self.decoders) if self.core.cfg["ps"]["sparse"] else []
+        return sorted(self.decoders) if self.ctx.cfg["ps"]["sparse"] else []
 
     def on_flushed(self, d: int, a: Arrival) -> None:
         """A device's final flush (SPARSE; UPDATE from a device that never pushed); its aux
@@ -189,12 +186,12 @@ class PSCoordinator(CoordinatorPlugin):
         self.flushed_abs += float(np.abs(a.delta).sum(dtype=np.float64))
         self.kkt[0] += int(msg.aux[2])
         self.kkt[1] += int(msg.aux[3])
-        self.core.book_up(d, HEADER_BYTES + msg.nbytes)
+        self.ctx.book_up(d, HEADER_BYTES + msg.nbytes)
 
     def summary(self) -> dict:
         """summary.json "ps": working-set pulls and sparse pushes."""
-        ps = self.core.cfg["ps"]
-        numel = self.core.global_model.size
+        ps = self.ctx.cfg["ps"]
+        numel = self.ctx.numel
         out: dict = {"pull": ps["pull"], "filters": list(ps["filters"])}
         if self.ws_dev or self.ws_rejected:
             fr = [k.size / numel for k in self.ws_dev.values()]

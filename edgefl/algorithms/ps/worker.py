@@ -9,6 +9,7 @@ import numpy as np
 from ...comm import Kind, Message
 from ...errors import EdgeflError
 from ..base import LocalJob, WorkerPlugin
+from ..context import WorkerContext
 from .kinds import MODEL_KEYS, RESEND, SPARSE, WORKSET
 from .workset import (
     WORKING_SET_MODELS,
@@ -28,9 +29,9 @@ class PSWorker(WorkerPlugin):
 
     message_kinds = (MODEL_KEYS, RESEND, Kind.HEARTBEAT)
 
-    def __init__(self, core, name: str) -> None:
-        super().__init__(core, name)
-        cfg = core.cfg
+    def __init__(self, ctx: WorkerContext, name: str) -> None:
+        super().__init__(ctx, name)
+        cfg = ctx.cfg
         self.sparse = cfg["ps"]["sparse"]
         self.kkt = self.sparse and "kkt" in cfg["ps"]["filters"]
         self.ws_pull = working_set_pulls(cfg)  # rank 0 sends only working-set values
@@ -51,10 +52,10 @@ class PSWorker(WorkerPlugin):
             return
         from ...policies.keyrange import ParamLayout, key_digest
 
-        w = self.core
-        layout = ParamLayout.from_flat(w.task.flat)
-        for d in w.devices:
-            self.ws[d] = device_working_set(layout, w.data.train(d))
+        ctx = self.ctx
+        layout = ParamLayout.from_flat(ctx.flat)
+        for d in ctx.devices:
+            self.ws[d] = device_working_set(layout, ctx.train_set(d))
         if self.ws_pull and self.ws:
             self.ws_union = np.unique(np.concatenate(list(self.ws.values())))
             self.ws_digest = key_digest(self.ws_union)
@@ -67,46 +68,40 @@ class PSWorker(WorkerPlugin):
         elif self.ws_pull and not self.ws_sent:  # HEARTBEAT: rank 0 asks for the sets
             self._send_working_sets()
         else:
-            log.warning("rank %d: ignoring %s", self.core.rank, msg.kind.name)
+            log.warning("rank %d: ignoring %s", self.ctx.rank, msg.kind.name)
 
     def _send_working_sets(self) -> None:
         """One WORKSET per device (its sorted keys, int32 when they fit), then a HEARTBEAT
         that tells rank 0 this rank sent them all (rank 0 rejects malformed ones)."""
-        w = self.core
-        numel = w.task.flat.numel
+        ctx = self.ctx
+        numel = ctx.numel
         dt = np.int32 if numel < 2**31 else np.int64
-        bad = w.cfg["ps"]["debug_bad_working_set"]
-        for i, d in enumerate(w.devices):
+        bad = ctx.cfg["ps"]["debug_bad_working_set"]
+        for i, d in enumerate(ctx.devices):
             keys = self.ws[d].astype(dt)
-            if bad != "none" and w.rank == 1 and i == 0:
+            if bad != "none" and ctx.rank == 1 and i == 0:
                 keys = malformed(keys, bad, numel)
-            w.t.send(0, WORKSET, device=d, payload=keys)
-        w.t.send(0, Kind.HEARTBEAT)
+            ctx.send(0, WORKSET, device=d, payload=keys)
+        ctx.send(0, Kind.HEARTBEAT)
         self.ws_sent = True
 
     def _install_keys(self, msg: Message) -> None:
         """MODEL_KEYS: the global model's values at this rank's working-set keys become model
         version ``msg.round``. Keys outside it keep the values of the newest version held
         (zeros at first): no device's data touches them, so they never reach an update."""
-        w = self.core
+        ctx = self.ctx
         keys = self.ws_union
         n, digest = int(msg.aux[0]), int(msg.aux[1])
         if keys is None or n != keys.size or msg.payload.size != n or digest != self.ws_digest:
-            w.t.release(msg)
+            ctx.release(msg)
             have = 0 if keys is None else keys.size
             raise EdgeflError(
-                f"rank {w.rank}: MODEL_KEYS of model version {msg.round} carries "
+                f"rank {ctx.rank}: MODEL_KEYS of model version {msg.round} carries "
                 f"{msg.payload.size} values for {n} keys (digest {digest:x}); this rank's "
                 f"working set has {have} keys (digest {self.ws_digest:x})"
             )
-        buf = w.buffer()
-        if w.versions:
-            np.copyto(buf, w.versions[max(w.versions)])
-        else:
-            buf.fill(0.0)
-        buf[keys] = msg.payload
-        w.versions[msg.round] = buf
-        w.t.release(msg)
+        ctx.install_model(msg.round, keys, msg.payload)
+        ctx.release(msg)
 
     # -- pushes -----------------------------------------------------------------------------
     def before_train(self, d: int, job: LocalJob) -> None:
@@ -119,12 +114,10 @@ class PSWorker(WorkerPlugin):
             return
         from .filters import FilterContext
 
-        c = self.core.cfg["train"]
+        c = self.ctx.cfg["train"]
         ds, start = job.dataset, job.start
         n = len(ds)
-        g = loss_gradient(
-            job.model, ds, self.core.data.info.task, job.torch_device, loss=self.core.loss
-        )
+        g = loss_gradient(job.model, ds, self.ctx.task_kind, job.torch_device, loss=self.ctx.loss)
         bs = job.spec.batch or c["batch_size"]
         bs = n if bs == 0 or bs >= n else bs
         steps = c["local_steps"] if c["local_steps"] > 0 else c["local_epochs"] * -(-n // bs)
@@ -140,7 +133,7 @@ class PSWorker(WorkerPlugin):
         if self._exempt is None:
             from ...policies.keyrange import ParamLayout
 
-            layout = ParamLayout.from_flat(self.core.task.flat)
+            layout = ParamLayout.from_flat(self.ctx.flat)
             parts = [layout.range_of(n).keys() for n in layout.names if n.endswith("bias")]
             self._exempt = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         return self._exempt
@@ -149,7 +142,7 @@ class PSWorker(WorkerPlugin):
         from .compress import Encoder, key_hash, round_values
         from .filters import make_ps_filter_chain
 
-        ps = self.core.cfg["ps"]
+        ps = self.ctx.cfg["ps"]
         q = None
         if ps["value_dtype"] != "float32":
             dt = ps["value_dtype"]
@@ -157,7 +150,7 @@ class PSWorker(WorkerPlugin):
             def q(v, dt=dt):
                 return round_values(v, dt)
 
-        self.filters[d] = make_ps_filter_chain(self.core.cfg, q, self._exempt_keys())
+        self.filters[d] = make_ps_filter_chain(self.ctx.cfg, q, self._exempt_keys())
         self.encoders[d] = Encoder(size, ps["value_dtype"], ps["key_cache"], ps["cache_entries"])
         if ps["key_cache"] and self.ws_sent and d in self.ws:
             # rank 0 caches the key list of an accepted WORKSET as this device's first entry
@@ -186,7 +179,7 @@ class PSWorker(WorkerPlugin):
         from .compress import key_hash
 
         enc = self.encoders[device]
-        base = self.ws.get(device) if self.core.cfg["ps"]["key_cache"] and k.size else None
+        base = self.ws.get(device) if self.ctx.cfg["ps"]["key_cache"] and k.size else None
         if base is not None and not np.isin(k, base, assume_unique=True).all():
             base = None
         if base is not None and key_hash(base, enc.space) not in enc.cache:
@@ -204,19 +197,19 @@ class PSWorker(WorkerPlugin):
         else:  # per-round filtered lists are not cached (they would evict the base)
             msg = enc.encode(k, v, base=base, remember=base is None)
         self.last_sparse[device] = (task, k, v, aux)
-        self.core.t.send(0, SPARSE, device=device, round=task, aux=aux, payload=msg.payload)
+        self.ctx.send(0, SPARSE, device=device, round=task, aux=aux, payload=msg.payload)
 
     def _resend(self, device: int, task: int) -> None:
         """Rank 0 lacked a cached key list: forget the cache, send the full index list."""
         last = self.last_sparse.get(device)
         if last is None or last[0] != task:
             log.warning("rank %d: RESEND of device %d task %d: nothing to resend",
-                        self.core.rank, device, task)  # fmt: skip
+                        self.ctx.rank, device, task)  # fmt: skip
             return
         _, k, v, aux = last
         enc = self.encoders[device]
         enc.reset_cache()
-        self.core.t.send(0, SPARSE, device=device, round=task, aux=aux,
+        self.ctx.send(0, SPARSE, device=device, round=task, aux=aux,
                          payload=enc.encode(k, v).payload)  # fmt: skip
 
     def flush(self, d: int, task: int) -> bool:
@@ -228,7 +221,7 @@ class PSWorker(WorkerPlugin):
         chain = self.filters[d]
         k, v = chain.flush()
         kkt = [f for f in chain.filters if f.name == "kkt"]
-        aux = (float(self.core.data.num_samples(d)), self.produced.get(d, 0.0),
+        aux = (float(self.ctx.num_samples(d)), self.produced.get(d, 0.0),
                float(sum(f.skipped for f in kkt)), float(sum(f.seen for f in kkt)))  # fmt: skip
         self._push(d, task, k, v, aux)
         return True
@@ -244,7 +237,7 @@ class PSWorker(WorkerPlugin):
     def load_device_state(self, d: int, state: dict) -> None:
         if "filters" not in state:
             return
-        self._setup_device(d, self.core.task.flat.numel)
+        self._setup_device(d, self.ctx.numel)
         self.filters[d].load_state_dict(state["filters"])
         self.produced[d] = float(state.get("produced", 0.0))
         if "cache" in state:

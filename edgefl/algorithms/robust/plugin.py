@@ -5,25 +5,26 @@ from __future__ import annotations
 from ...policies.aggregation import Update
 from ...policies.consistency import Apply
 from ..base import CoordinatorPlugin, Plugin, Requirement, above, not_one_of
+from ..context import CoordinatorContext
 
 
 class NormBoundCoordinator(CoordinatorPlugin):
     """Filters every model change's arrivals through :class:`~edgefl.algorithms.robust.rules.
     UpdateFilter`; a rejected update is logged against its device and released."""
 
-    def __init__(self, core, name: str) -> None:
+    def __init__(self, ctx: CoordinatorContext, name: str) -> None:
         from edgefl.algorithms.robust.rules import UpdateFilter
 
-        super().__init__(core, name)
-        self.filter = UpdateFilter.from_options(numel=core.global_model.size,
-                                                **core.cfg["robust"])  # fmt: skip
+        super().__init__(ctx, name)
+        self.filter = UpdateFilter.from_options(numel=ctx.numel,
+                                                **ctx.cfg["robust"])  # fmt: skip
 
     def transform(self, ap: Apply) -> Apply:
-        core = self.core
-        ups = [Update(a.device, a.delta, a.samples, a.loss, core.version) for a in ap.arrivals]
+        ctx = self.ctx
+        ups = [Update(a.device, a.delta, a.samples, a.loss, ctx.version) for a in ap.arrivals]
         res = self.filter(ups)
         for d, reason in res.rejected:
-            core.t.reject(core.devices[d]["rank"], f"update of device {d}: {reason}")
+            ctx.reject(ctx.devices[d]["rank"], f"update of device {d}: {reason}")
         keep = {u.device: u for u in res.accepted}
         arr, coefs = [], []
         for i, a in enumerate(ap.arrivals):
@@ -33,7 +34,7 @@ class NormBoundCoordinator(CoordinatorPlugin):
                 if ap.coefs:
                     coefs.append(ap.coefs[i])
             else:
-                core.t.release(a.msg)
+                ctx.release(a.msg)
         return Apply(ap.mode, arr, coefs)
 
 

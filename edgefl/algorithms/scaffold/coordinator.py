@@ -8,6 +8,7 @@ import numpy as np
 from ...comm import Message
 from ...policies.consistency import Apply
 from ..base import CoordinatorPlugin
+from ..context import CoordinatorContext
 from .kinds import CONTROL, CONTROL_UPDATE
 from .variates import server_step
 
@@ -17,30 +18,30 @@ class ScaffoldCoordinator(CoordinatorPlugin):
 
     update_kinds = (CONTROL_UPDATE,)
 
-    def __init__(self, core, name: str) -> None:
-        super().__init__(core, name)
-        flat = core.task.flat
+    def __init__(self, ctx: CoordinatorContext, name: str) -> None:
+        super().__init__(ctx, name)
+        flat = ctx.flat
         self.numel = int(getattr(flat, "param_numel", flat.numel))
         self.c = np.zeros(self.numel, np.float32)
         self.pending: dict[int, np.ndarray] = {}  # device -> dc_i of its accepted update
 
     def on_start(self) -> None:
-        if self.core.resume is not None:  # tasks in flight are sent again without send_model
-            for rank in sorted({v["rank"] for v in self.core.devices.values()}):
+        if self.ctx.resuming:  # tasks in flight are sent again without send_model
+            for rank in sorted({v["rank"] for v in self.ctx.devices.values()}):
                 self.send_model(rank)
 
     def send_model(self, rank: int) -> bool:
         """The variate of the current version goes before the model (the core sends it)."""
-        self.core.t.send(rank, CONTROL, round=self.core.version, payload=self.c.copy())
+        self.ctx.send(rank, CONTROL, round=self.ctx.version, payload=self.c.copy())
         return False
 
     def down_bytes(self, d: int) -> int | None:
         from ...comm.wire import HEADER_BYTES
 
-        return 3 * HEADER_BYTES + self.core.global_model.nbytes + self.c.nbytes
+        return 3 * HEADER_BYTES + 4 * self.ctx.numel + self.c.nbytes
 
     def decode(self, d: int, task: int, msg: Message):
-        n = self.core.global_model.size
+        n = self.ctx.numel
         if msg.payload.size != n + self.numel:
             why = f"SCAFFOLD update of device {d}: {msg.payload.size} values, want {n + self.numel}"
             return None, why, msg
@@ -54,7 +55,7 @@ class ScaffoldCoordinator(CoordinatorPlugin):
         used = {
             a.device: self.pending.pop(a.device) for a in ap.arrivals if a.device in self.pending
         }
-        server_step(self.c, used, len(self.core.devices))
+        server_step(self.c, used, len(self.ctx.devices))
 
     def summary(self) -> dict:
         return {"scaffold": {"control_norm": float(np.linalg.norm(self.c))}}

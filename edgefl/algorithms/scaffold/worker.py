@@ -7,6 +7,7 @@ import numpy as np
 
 from ...comm import Message
 from ..base import LocalJob, WorkerPlugin
+from ..context import WorkerContext
 from .kinds import CONTROL, CONTROL_UPDATE
 from .variates import client_delta, correction_hook
 
@@ -17,20 +18,20 @@ class ScaffoldWorker(WorkerPlugin):
 
     message_kinds = (CONTROL,)
 
-    def __init__(self, core, name: str) -> None:
-        super().__init__(core, name)
-        flat = core.task.flat
+    def __init__(self, ctx: WorkerContext, name: str) -> None:
+        super().__init__(ctx, name)
+        flat = ctx.flat
         self.numel = int(getattr(flat, "param_numel", flat.numel))  # parameters only
         self.controls: dict[int, np.ndarray] = {}  # model version -> c
         self.ci: dict[int, np.ndarray] = {}  # device -> c_i
 
     def on_message(self, msg: Message) -> None:
         c = np.array(msg.payload, np.float32)
-        self.core.t.release(msg)
+        self.ctx.release(msg)
         if c.size != self.numel:
             raise ValueError(f"CONTROL of version {msg.round}: {c.size} values, want {self.numel}")
         self.controls[msg.round] = c
-        keep = {q[2] for q in self.core.queue} | {max(self.controls)}
+        keep = self.ctx.queued_versions() | {max(self.controls)}
         for v in [v for v in self.controls if v not in keep]:
             del self.controls[v]
 
@@ -42,7 +43,7 @@ class ScaffoldWorker(WorkerPlugin):
             )
         ci = self.ci.get(d)
         correction = c if ci is None else c - ci
-        flat = self.core.model_on(job.torch_device)[1]
+        flat = job.flat
         params = [p for _, p in job.model.named_parameters()]
         job.fit_ctx.grad_hooks.append(correction_hook(params, flat.offsets, correction))
         job.ctx["scaffold_c"] = c
@@ -53,7 +54,7 @@ class ScaffoldWorker(WorkerPlugin):
         ci = self.ci.get(d)
         self.ci[d] = dc.copy() if ci is None else ci + dc
         payload = np.concatenate([delta, dc])
-        self.core.t.send(0, CONTROL_UPDATE, device=d, round=job.task, aux=job.aux,
+        self.ctx.send(0, CONTROL_UPDATE, device=d, round=job.task, aux=job.aux,
                          payload=payload)  # fmt: skip
         return True
 

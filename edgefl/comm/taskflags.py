@@ -1,4 +1,4 @@
-"""Named constants of the runtime's messages that both sides must agree on.
+"""The TRAIN message's task flags: named constants both sides of the wire agree on.
 
 A TRAIN's ``aux`` is ``(version, samples, batch, flags)``; ``flags`` packs the task flags
 below in its low byte and a plugin argument (:attr:`edgefl.algorithms.base.TaskSpec.arg`)
