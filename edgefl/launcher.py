@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import procfs
 from .errors import EdgeflError
 
 COMPLETED, USER_ERROR, STOPPED, INTERRUPTED = 0, 2, 3, 130
@@ -288,7 +289,7 @@ class Supervisor:
     def _interrupt(self) -> None:
         """The ranks end the run in order (rank 0 checkpoints); mpiexec is told later."""
         launch = self.env.get(LAUNCHER_ENV, "")
-        found = launched_by(launch) if launch and os.path.isdir("/proc") else []
+        found = launched_by(launch) if launch and procfs.available() else []
         mpiexec = self.proc.pid if self.proc is not None else -1
         ranks = [p for p in found if p != mpiexec and _is_python(p)]
         for pid in ranks:  # (the signal this process got: the ranks say which)
@@ -381,7 +382,7 @@ def end_leftovers(launch: str, grace_s: float = GRACE_S) -> list[int]:
     """Wait up to ``grace_s`` for the processes started with ``EDGEFL_LAUNCHER=launch`` in
     their environment to exit, then SIGKILL those left; returns the pids killed. Linux
     only (reads /proc); elsewhere nothing to do."""
-    if not launch or not os.path.isdir("/proc"):
+    if not launch or not procfs.available():
         return []
     deadline = time.monotonic() + grace_s
     while True:
@@ -400,27 +401,20 @@ def end_leftovers(launch: str, grace_s: float = GRACE_S) -> list[int]:
 def _is_python(pid: int) -> bool:
     """Whether ``pid`` runs a rank's Python (not mpiexec, its daemons or the per-rank
     wrapper of MPICH launches, which passes signals on itself; Linux)."""
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            if not f.read().startswith("python"):
-                return False
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"edgefl.rankwrap" not in f.read()
-    except OSError:
+    name = procfs.comm(pid)
+    if name is None or not name.startswith("python"):
         return False
+    argv = procfs.cmdline(pid)
+    return argv is not None and not any("edgefl.rankwrap" in a for a in argv)
 
 
 def launched_by(launch: str) -> list[int]:
     """Pids of this user's live processes whose environment holds ``EDGEFL_LAUNCHER=launch``."""
-    key = f"{LAUNCHER_ENV}={launch}".encode()
     found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
+    for pid in procfs.pids():
+        if pid == os.getpid():
             continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if key in f.read().split(b"\0"):
-                    found.append(int(name))
-        except OSError:  # gone, or another user's
-            continue
+        env = procfs.environ(pid)  # (None: gone, or another user's)
+        if env is not None and env.get(LAUNCHER_ENV) == launch:
+            found.append(pid)
     return found

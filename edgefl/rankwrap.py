@@ -41,6 +41,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import procfs
 from .launcher import KILLED, LAUNCHER_ENV
 
 STOP_SIGNALS = tuple(
@@ -50,22 +51,13 @@ LAUNCHER_LOST = KILLED + 9  # as if SIGKILLed
 STOP_GRACE_S = 5.0  # a deferred stop signal: seconds the runtime gets to end in order
 
 
-def _stat(pid: int) -> tuple[str, str] | None:
-    """(state, start time in clock ticks) of ``pid`` from /proc, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0].decode(), fields[19].decode()
-
-
 def process_alive(pid: int, started: str | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, given ``started`` (its /proc start time),
-    is still the same process. Without /proc: whether a signal 0 reaches it."""
-    if os.path.isdir("/proc"):
-        st = _stat(pid)
-        return st is not None and st[0] not in ("Z", "X") and started in (None, st[1])
+    """Whether ``pid`` runs (not a zombie) and, given ``started`` (its /proc start time as
+    text: ``str(edgefl.procfs.start_time(pid))``), is still the same process. Without
+    /proc: whether a signal 0 reaches it."""
+    if procfs.available():
+        st = procfs.stat(pid)
+        return st is not None and st.state not in ("Z", "X") and started in (None, str(st.start))
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -92,8 +84,8 @@ class RankGuard:
         spec = os.environ.get(LAUNCHER_ENV, "") if launcher is None else launcher
         pid = spec.split(":", 1)[0]
         self.launcher_pid = int(pid) if pid.isdigit() else 0
-        st = _stat(self.launcher_pid) if self.launcher_pid else None
-        self.launcher_started = st[1] if st is not None else None
+        st = procfs.start_time(self.launcher_pid) if self.launcher_pid else None
+        self.launcher_started = str(st) if st is not None else None
         self._pipe: tuple[int, int] | None = None
         self._old: dict[int, object] = {}
         self._old_fd = -1

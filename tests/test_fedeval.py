@@ -110,18 +110,28 @@ def test_holdout_split_is_seeded_disjoint_and_covers_the_device():
     assert len(holdout_split(_data(1), 0.2, 0, 0)[1]) == 0
 
 
-def test_holdout_split_matches_hermes_gate_split():
-    """Same seed stream and rule as the Hermes gate's split (one held-out split per device)."""
+def test_the_workers_one_split_is_holdout_split():
+    """A worker makes the one held-out split for every half that asked (Hermes' gate with a
+    gate, federated evaluation without): holdout_split's, cached, and a single sample both
+    trains and measures."""
     from types import SimpleNamespace
 
-    from edgefl.algorithms.hermes.worker import HermesWorker
+    from edgefl.runtime.worker import Worker
 
-    cfg = {"algorithm": {"gate": "hermes"}, "hermes": {"holdout_fraction": 0.3}, "seed": 5}
-    w = HermesWorker(SimpleNamespace(cfg=cfg), "hermes")
-    ds = _data(40)
-    h_tr, h_ho = w.split(2, ds)
+    ds, one = _data(40), _data(1)
+    w = SimpleNamespace(holdout=None, splits={}, cfg={"seed": 5},
+                        data=SimpleNamespace(train=lambda d: one if d == 9 else ds))  # fmt: skip
+    assert Worker.split(w, 2) is None  # nobody asked
+    Worker.hold_out(w, 0.3)
+    Worker.hold_out(w, 0.3)  # the same fraction again is fine
+    with pytest.raises(ValueError, match="two hold-out fractions"):
+        Worker.hold_out(w, 0.2)
+    h_tr, h_ho = Worker.split(w, 2)
     tr, ho = holdout_split(ds, 0.3, seed=5, device=2)
     assert (list(h_tr.indices), list(h_ho.indices)) == (tr.indices, ho.indices)
+    assert Worker.split(w, 2)[0] is h_tr  # cached
+    a, b = Worker.split(w, 9)
+    assert a is b is one
 
 
 def test_weighted_means_by_hand():

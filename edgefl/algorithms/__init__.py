@@ -26,12 +26,15 @@ from typing import Any
 from ..errors import ConfigError
 from .base import CoordinatorPlugin, Plugin, Requirement, WorkerPlugin
 from .context import CoordinatorContext, WorkerContext
+from .hooks import check_owners
 
-# built-in plugins in the order their hooks run: "module:Class" under edgefl.algorithms
+# the built-in plugins: "module:Class" under edgefl.algorithms. Their place here means
+# nothing: hooks run in each class's declared ``order`` (tests/test_builtin_order.py
+# shuffles this tuple and checks that no golden model changes).
 BUILTIN = (
     "fedbn.plugin:ModelBuffers",
-    "fedbn.plugin:FedBN",  # first worker half: its gate/send_update must run before the others
-    "clientmetrics.plugin:ClientMetrics",  # sends before any plugin sends the update itself
+    "fedbn.plugin:FedBN",
+    "clientmetrics.plugin:ClientMetrics",
     "robust.plugin:NormBound",
     "hermes.plugin:Hermes",
     "gddr.plugin:GDDR",
@@ -65,15 +68,26 @@ def _import(spec: str, where: str) -> type[Plugin]:
 
 
 def builtin_classes() -> list[type[Plugin]]:
-    """Every built-in plugin class, in hook order."""
-    return [_import(f"{__name__}.{s}", "algorithm (built-in)") for s in BUILTIN]
+    """Every built-in plugin class, in plugin order (:attr:`Plugin.order`)."""
+    classes = [_import(f"{__name__}.{s}", "algorithm (built-in)") for s in BUILTIN]
+    return sorted(classes, key=lambda c: (c.order, c.name))
 
 
 def load(cfg: dict) -> list[type[Plugin]]:
-    """The plugin classes a job runs: the enabled built-ins, then ``algorithm.plugins``."""
+    """The plugin classes a job runs, in plugin order: the enabled built-ins and
+    ``algorithm.plugins``, sorted by :attr:`Plugin.order` (a tie keeps the listed order,
+    the built-ins first). Refuses two plugins of one name, a reserved name, two handlers of
+    one message kind and two owners of one decision (:func:`hooks.check_owners`)."""
     out = [c for c in builtin_classes() if c.enabled(cfg)]
     for i, spec in enumerate(cfg["algorithm"].get("plugins", [])):
-        out.append(_import(spec, f"algorithm.plugins[{i}]"))
+        c = _import(spec, f"algorithm.plugins[{i}]")
+        if not isinstance(getattr(c, "order", None), int) or isinstance(c.order, bool):
+            raise ConfigError(
+                f"config key 'algorithm.plugins[{i}]': {spec!r}: order must be an int, "
+                f"not {c.order!r}"
+            )
+        out.append(c)
+    out.sort(key=lambda c: c.order)  # (stable: ties keep their place)
     names = [c.name for c in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -84,6 +98,7 @@ def load(cfg: dict) -> list[type[Plugin]]:
             "are reserved for the runtime"
         )
     _check_kinds(out)
+    check_owners(out)
     return out
 
 

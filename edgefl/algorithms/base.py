@@ -7,65 +7,18 @@ runtime instantiates on the ranks where they run:
 - :class:`WorkerPlugin` on every worker rank (one instance per rank; per-device state is
   keyed by device id).
 
-The core calls the hooks at fixed points of its loops, in the order the plugins are listed
-(built-in plugins first, in :data:`edgefl.algorithms.BUILTIN` order, then the user's
-``algorithm.plugins``). Every hook has a do-nothing default, so a plugin overrides only
-what it needs. A hook that returns ``None`` leaves the decision to the next plugin or to the
-core. A half reaches the run only through its context, ``self.ctx``
+The core calls the hooks at fixed points of its loops. Every hook has a do-nothing
+default, so a plugin overrides only what it needs. :mod:`edgefl.algorithms.hooks` lists
+them all with their dispatch mode (``all``: a notification to every plugin; ``chain``;
+``first``: the first answer wins; ``owner``: a decision only one plugin of a job may
+override, checked at load time; ``kind``: the owner of a message kind; ``own``: per
+plugin). Where the mode runs several plugins, they run in plugin order: by
+:attr:`Plugin.order`, then as listed (the built-ins before ``algorithm.plugins``); where
+they are listed in :data:`edgefl.algorithms.BUILTIN` does not matter. A half reaches the
+run only through its context, ``self.ctx``
 (:class:`~edgefl.algorithms.context.CoordinatorContext` or
 :class:`~edgefl.algorithms.context.WorkerContext`): never the coordinator or worker object,
 and never the transport.
-
-Coordinator hooks, in the order the core calls them during a run:
-
-=========================  ============================================================
-``check_config(cfg)``      classmethod; raise :class:`~edgefl.errors.ConfigError` naming
-                           the key for a bad or unsupported value (before any rank starts)
-``on_registered()``        every worker rank registered (may exchange messages); each
-                           rank's REGISTER, with its ``on_register`` fields, is in
-                           ``ctx.rank_info[rank]``
-``on_start()``             before the first task is dispatched (fresh run and resume)
-``shape_task(d, spec)``    edit the :class:`TaskSpec` of a task before its TRAIN is sent
-``send_model(rank)``       send the current model to ``rank`` yourself; True if done
-``down_bytes(d)``          bytes a model download of ``d`` moves, or None (core default)
-``on_message(msg)``        a message of a kind listed in ``message_kinds`` arrived
-``decode(d, task, msg)``   an update of a kind listed in ``update_kinds``: (dense delta
-                           or None, rejection reason, the message finally used)
-``on_iteration(d, s)``     a local iteration of ``d`` took ``s`` seconds (pushed or not)
-``on_arrival(arrival)``    an update was accepted (decoded, checked) and goes to the policy
-``transform(apply)``       filter/replace the arrivals of a model change (returns Apply)
-``aggregate(apply)``       the step to apply (float32 vector) instead of the aggregator's
-``on_model_step(apply)``   after the step, before the version counts (same version)
-``after_apply(apply, t)``  the version counted (``ctx.version`` is the new one)
-``on_device_dead(d, t)``   device ``d`` is dead (crash or its rank failed)
-``on_device_moved(d, r,    device ``d``'s rank died and rank ``r`` hosts it from now on
-t, state)``                (``fleet.rehost``); ``state`` ({plugin: per-device state from
-                           the latest checkpoint}) is what ``r`` restores: edit it in place
-``flush_devices()``        end of training: devices whose worker half holds mass to flush
-``on_flushed(d, arrival)`` one device's final flush arrived
-``summary()``              summary.json keys to add, by convention ``{name: {...}}`` (a key
-                           the core writes itself is refused with a warning)
-``state_dict()``           what a resume needs; saved in every checkpoint under the name
-``load_state_dict(st)``    restore it (called after :meth:`on_registered` on resume)
-``on_row(row)``            add keys to the metrics row of a new version before it is
-                           written (after the core's own keys)
-=========================  ============================================================
-
-Worker hooks:
-
-=============================  ========================================================
-``on_register(info)``          add fields to the rank's REGISTER (JSON dict)
-``on_message(msg)``            a message of a kind listed in ``message_kinds`` arrived
-``split(d, dataset)``          (training split, held-out split) of ``d``, or None (all trains)
-``new_model(d)``               a gated device got a new global model to continue from
-``gate(d, job, held, k)``      after iteration ``k`` of a gated device: (push?, loss, score)
-``train(d, job)``              run the local training of ``job`` yourself; loss or None
-``before_train(d, job)``       called before training (may attach data to ``job.ctx``)
-``send_update(d, job, delta)`` send the update yourself (another kind); True if sent
-``flush(d, task)``             end of training: send what device ``d`` holds; True if sent
-``device_state(d)``            per-device state for the coordinator's checkpoint
-``load_device_state(d, st)``   restore it on resume (before the device's first task)
-=============================  ========================================================
 """
 
 from __future__ import annotations
@@ -173,6 +126,8 @@ class CoordinatorPlugin:
 
     def shape_task(self, d: int, spec: TaskSpec) -> None: ...
 
+    def on_model_send(self, rank: int) -> None: ...
+
     def send_model(self, rank: int) -> bool:
         return False
 
@@ -185,8 +140,6 @@ class CoordinatorPlugin:
         return msg.payload, "", msg
 
     def on_iteration(self, d: int, seconds: float) -> None: ...
-
-    def on_arrival(self, arrival: Arrival) -> None: ...
 
     def transform(self, ap: Apply) -> Apply:
         return ap
@@ -232,9 +185,6 @@ class WorkerPlugin:
 
     def on_message(self, msg: Message) -> None: ...
 
-    def split(self, d: int, dataset: Any) -> tuple | None:
-        return None
-
     def new_model(self, d: int) -> None: ...
 
     def gate(self, d: int, job: LocalJob, holdout: Any, iterations: int) -> tuple | None:
@@ -244,6 +194,8 @@ class WorkerPlugin:
 
     def train(self, d: int, job: LocalJob) -> float | None:
         return None
+
+    def after_train(self, d: int, job: LocalJob) -> None: ...
 
     def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
         return False
@@ -399,6 +351,11 @@ class Plugin:
     coordinator: ClassVar[type[CoordinatorPlugin] | None] = None
     worker: ClassVar[type[WorkerPlugin] | None] = None
     requires: ClassVar[tuple[Requirement, ...]] = ()
+    #: position in the hooks that run several plugins (lower first; ties: as listed). The
+    #: built-ins declare theirs (FedBN's buffers are restored before anyone evaluates the
+    #: model, the norm bound filters before Hermes weighs, ...); a user's plugin runs after
+    #: them by default.
+    order: ClassVar[int] = 1000
 
     @classmethod
     def enabled(cls, cfg: dict) -> bool:

@@ -247,9 +247,16 @@ class WorkerContext(_Both):
         """Number of samples of device ``d``."""
 
     @abstractmethod
+    def hold_out(self, fraction: float) -> None:
+        """Hold ``fraction`` of every device's samples out of training (call it when the
+        half is built; rank 0's half calls :meth:`CoordinatorContext.hold_out` with the
+        same fraction). The one split rule (:func:`~edgefl.data.holdout.holdout_split`);
+        a second, different fraction raises ValueError."""
+
+    @abstractmethod
     def split(self, d: int) -> tuple[Any, Any] | None:
-        """(training split, held-out split) of ``d`` as the plugin answering ``split``
-        made it; None when no plugin holds data out."""
+        """(training split, held-out split) of ``d``; None when no plugin holds data out.
+        A device with a single sample trains and measures on that sample."""
 
     @abstractmethod
     def queued_versions(self) -> set[int]:

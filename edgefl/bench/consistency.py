@@ -108,8 +108,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _row(label: str, out: Path, target: float, wall: float) -> dict:
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
-    summary = json.loads((out / "summary.json").read_text())
+    from ..api import Result
+
+    run = Result(out)
+    rows, summary = run.metrics, run.summary
     evals = [r for r in rows if r.get("test_accuracy") is not None]
     to_target = None
     updates_to_target = None

@@ -90,6 +90,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from .. import procfs
+
 NAME = "faults"
 HELP = "killed ranks, killed launcher, torn checkpoints, forgeries, Byzantine devices"
 
@@ -358,16 +360,6 @@ def _signal_after(
     return None, None
 
 
-def _started(pid: int) -> str | None:
-    """The start time of process ``pid`` (/proc/PID/stat field 22), None if it is gone: tells
-    the same process from a later one with a reused pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
 def _after(s: dict, t: float) -> float | None:
     """Seconds from unix time ``t`` to the first model change after it (None if none)."""
     later = [x for x in s["progress_after_failure_unix"] if x > t]
@@ -410,12 +402,12 @@ def sigstop(args, root: Path, clean: dict, hold_s: float = 30.0, timeout_s: floa
     declared = None
     continued = False
     if stopped is not None and pid is not None:
-        born = _started(pid)
+        born = procfs.start_time(pid)  # (tells it from a later process with its pid)
         while time.time() - stopped < hold_s and proc.poll() is None:
             if declared is None and "declared dead" in log.read_text(errors="replace"):
                 declared = round(time.time() - stopped, 2)
             time.sleep(0.02)
-        if born is not None and _started(pid) == born:  # not killed by rank 0: wake it
+        if born is not None and procfs.start_time(pid) == born:  # not killed by rank 0: wake it
             os.kill(pid, signal.SIGCONT)
             continued = True
     status = _finish(proc, out, log)
@@ -589,16 +581,8 @@ def _tasks_of_rank2(args) -> int:
 
 def _processes_of(out: Path) -> list[int]:
     """Pids whose command line names the run directory ``out`` (Linux /proc)."""
-    pids = []
-    key = str(out).encode()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if key in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    pids.append(int(pid))
-            except OSError:
-                pass
-    return pids
+    key = str(out)
+    return [p for p in procfs.pids() if any(key in a for a in procfs.cmdline(p) or ())]
 
 
 def _r(x: float | None) -> float | None:

@@ -88,6 +88,7 @@ def centralized_accuracy(run_dir, rounds: int, local_epochs: int) -> float:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..api import Result
     from .common import (
         fleet_sets,
         header,
@@ -120,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
                 *args.overrides,
             ],
         )
-        fed = json.loads((out / "summary.json").read_text())["final_accuracy"]
+        fed = Result(out).summary["final_accuracy"]
         central = centralized_accuracy(out, args.rounds, args.local_epochs)
         rows.append(
             {

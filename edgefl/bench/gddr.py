@@ -106,8 +106,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _row(name: str, out: Path, target: float, expected: float) -> dict:
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
-    s = json.loads((out / "summary.json").read_text())
+    from ..api import Result
+
+    run = Result(out)
+    rows, s = run.metrics, run.summary
     to_target = next((r["time_s"] for r in rows if r.get("test_accuracy", 0.0) >= target), None)
     g = s.get("gddr") or {}
     return {

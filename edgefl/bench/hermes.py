@@ -155,8 +155,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _load(out: Path) -> dict:
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
-    return {"rows": rows, "summary": json.loads((out / "summary.json").read_text())}
+    from ..api import Result
+
+    run = Result(out)
+    return {"rows": run.metrics, "summary": run.summary}
 
 
 def _at_target(run: dict, target: float) -> dict:

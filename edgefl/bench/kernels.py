@@ -83,6 +83,7 @@ def _children_cpu() -> float:
 
 def run_one(sets: list[str], mode: str, out: Path) -> dict:
     """One ``edgefl simulate`` run; its wall time, round rate, accuracy and model hash."""
+    from ..api import Result
     from ..launcher import rank_python
 
     cmd = [*rank_python(), "-m", "edgefl", "simulate", "--out", str(out)]
@@ -94,8 +95,8 @@ def run_one(sets: list[str], mode: str, out: Path) -> dict:
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-3000:])
         raise SystemExit(f"edgefl: error: benchmark run failed: {' '.join(cmd)}")
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
-    summary = json.loads((out / "summary.json").read_text())
+    run = Result(out)
+    rows, summary = run.metrics, run.summary
     span = rows[-1]["wall_time_s"] - rows[0]["wall_time_s"]
     return {
         "cmd_s": wall,

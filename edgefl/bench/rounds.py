@@ -136,6 +136,7 @@ def fedavg_round(model, glob: list, ns: list[int], train, test: tuple) -> float:
 
 def edgefl_job(cfg: dict) -> dict:
     """Run the job through ``edgefl simulate`` and read its metrics."""
+    from ..api import Result
     from ..config import dump_config, load_config
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,7 +152,7 @@ def edgefl_job(cfg: dict) -> dict:
         total = time.perf_counter() - t0
         if proc.returncode != 0:
             raise SystemExit(f"edgefl run failed:\n{proc.stdout}\n{proc.stderr}")
-        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        rows = Result(out).metrics
     w = [r["wall_time_s"] for r in rows]
     return {
         "rounds_per_s": (len(w) - 1) / (w[-1] - w[0]),

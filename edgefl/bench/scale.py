@@ -60,6 +60,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import procfs
+from ..procfs import tree_usage as tree_rss
+
 NAME = "scale"
 HELP = (
     "1,000 and 10,000 devices: rounds/s and peak RSS, edgefl over mpiexec and in-process vs a "
@@ -119,57 +122,20 @@ def data_bytes_per_device(cfg: dict) -> int:
     return row * (a["min_samples"] + a["test_samples_per_device"])
 
 
-# -- peak RSS of a process tree -------------------------------------------------------------
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-        kids.setdefault(ppid, []).append(int(name))
-    return kids
-
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def tree_rss(pid: int) -> dict[int, tuple[int, float]]:
-    """(resident bytes, CPU seconds so far) of ``pid`` and of each of its descendants."""
-    kids = _children()
-    out, todo = {}, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/statm", "rb") as f:
-                rss = int(f.read().split()[1]) * _PAGE
-            with open(f"/proc/{p}/stat", "rb") as f:
-                stat = f.read()
-            fields = stat[stat.rindex(b")") + 2 :].split()
-            out[p] = (rss, (int(fields[11]) + int(fields[12])) / _TICK)  # utime + stime
-        except (OSError, IndexError, ValueError):
-            pass
-        todo.extend(kids.get(p, ()))
-    return out
-
-
+# -- peak RSS of a process tree: edgefl.procfs.tree_usage (tree_rss) --------------------
 def _label(pid: int) -> str:
     """What process ``pid`` is: ``rank N`` (an MPI rank), else its program's name."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for kv in f.read().split(b"\0"):
-                if kv.startswith(b"OMPI_COMM_WORLD_RANK=") or kv.startswith(b"PMI_RANK="):
-                    return f"rank {int(kv.split(b'=')[1])}"
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except (OSError, ValueError):
+    env = procfs.environ(pid)
+    if env is None:
+        return "?"
+    for name, value in env.items():
+        if name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+            try:
+                return f"rank {int(value)}"
+            except ValueError:
+                return "?"
+    argv = procfs.cmdline(pid)
+    if argv is None:
         return "?"
     if "simulate" in argv:
         return "edgefl simulate"
@@ -343,6 +309,7 @@ def pfl_run(cfg: dict, tmp: Path, python: str) -> dict:
 def edgefl_run(cfg: dict, root: Path, rep: int = 0, backend: str = "mpi") -> dict:
     """The job through ``edgefl simulate --backend BACKEND``; rates from metrics.jsonl's
     ``wall_time_s`` (``rep``: the repeat, which names its run directory after the first)."""
+    from ..api import Result
     from ..config import dump_config, load_config
     from ..launcher import rank_python  # (python -P: the cwd cannot shadow edgefl)
 
@@ -360,7 +327,8 @@ def edgefl_run(cfg: dict, root: Path, rep: int = 0, backend: str = "mpi") -> dic
     if m.rc != 0:
         sys.stderr.write(log.read_text()[-4000:])
         raise SystemExit(f"edgefl: error: edgefl run failed (status {m.rc}): {' '.join(cmd)}")
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    run = Result(out)
+    rows = run.metrics
     w = [r["wall_time_s"] for r in rows]
     rate = (len(w) - 1) / (w[-1] - w[0])
     # CPU seconds per round of each process between the end of round 1 and the last one
@@ -390,7 +358,7 @@ def edgefl_run(cfg: dict, root: Path, rep: int = 0, backend: str = "mpi") -> dic
         "events_mb": _mb(out / "events.jsonl"),
         "ckpt_mb": sum(_mb(p) for p in out.rglob("*.h5")),
         "summary_kb": _mb(out / "summary.json") * 1000,
-        "model_sha256": json.loads((out / "summary.json").read_text())["model_sha256"],
+        "model_sha256": run.summary["model_sha256"],
     }
 
 

@@ -68,8 +68,9 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
+
+from ..procfs import Proc, TreeSampler
 
 NAME = "startup"
 HELP = "start-up, shutdown and peak memory of edgefl simulate vs a plain single-process loop"
@@ -113,163 +114,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", default="", help="keep the run directories here (default: temp)")
 
 
-# -- sampling a process tree ----------------------------------------------------------------
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def boot_unix() -> float:
-    """The unix time of this machine's boot (what /proc start times count from)."""
-    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-@dataclass
-class Proc:
-    """One process of a sampled tree. Times are unix seconds."""
-
-    pid: int
-    ppid: int
-    start: float
-    argv: list[str]
-    first_seen: float
-    last_seen: float
-    peak_rss: int = 0
-    fork: bool = False  # a copy of its parent, not exec'd (yet): left out of the sums
-
-    @property
-    def exe(self) -> str:
-        return os.path.basename(self.argv[0]) if self.argv else ""
-
-
-def read_stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time in clock ticks since boot) of ``pid``, or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), int(fields[19])
-
-
-def read_memory(pid: int) -> tuple[int, int] | None:
-    """(resident bytes, resident bytes not file-backed or shared) of ``pid``, or None."""
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            parts = f.read().split()
-    except OSError:
-        return None
-    rss, shared = int(parts[1]), int(parts[2])
-    return rss * _PAGE, max(rss - shared, 0) * _PAGE
-
-
-def read_argv(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return []
-    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
-
-
-def children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (every thread's /proc children list; a scan of /proc where
-    the kernel has none)."""
-    found: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                found += [int(x) for x in f.read().split()]
-        except FileNotFoundError:
-            return _children_by_scan(pid)
-        except OSError:
-            continue
-    return found
-
-
-def _children_by_scan(pid: int) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = read_stat(int(name))
-            if st is not None and st[0] == pid:
-                out.append(int(name))
-    return out
-
-
-class TreeSampler:
-    """Samples the process tree below ``root`` (itself included) every ``interval`` seconds
-    on a thread: the peak of the summed resident set sizes and every process seen (start
-    time from /proc, argv, last time seen, its own peak RSS).
-
-    Args:
-        root: pid of the tree's root (a child of this process).
-        interval: seconds between samples.
-    """
-
-    def __init__(self, root: int, interval: float = 0.02) -> None:
-        self.root = root
-        self.interval = interval
-        self.boot = boot_unix()
-        self.procs: dict[int, Proc] = {}
-        self.peak_rss = 0
-        self.peak_anon = 0
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="edgefl-tree-sampler", daemon=True)
-
-    def start(self) -> TreeSampler:
-        self.sample()
-        self._thread.start()
-        return self
-
-    def stop(self) -> TreeSampler:
-        self._stop.set()
-        self._thread.join()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
-
-    def sample(self) -> None:
-        """One look at the whole tree."""
-        now = time.time()
-        pids, i = [self.root], 0
-        while i < len(pids):
-            pids += children(pids[i])
-            i += 1
-        rss_sum = anon_sum = 0
-        for pid in pids:
-            mem = read_memory(pid)
-            if mem is None:
-                continue
-            p = self.procs.get(pid)
-            if p is None:
-                st = read_stat(pid)
-                if st is None:
-                    continue
-                p = Proc(pid, st[0], self.boot + st[1] / _TICK, read_argv(pid), now, now)
-                self.procs[pid] = p
-            elif not p.argv or p.fork or p.exe in ("mpiexec", "mpirun"):  # (exec'd since?)
-                p.argv = read_argv(pid) or p.argv
-            parent = self.procs.get(p.ppid)
-            # a fork that has not exec'd yet shares its parent's pages: not counted twice
-            p.fork = parent is not None and pid != self.root and p.argv == parent.argv
-            p.last_seen = now
-            if p.fork:
-                continue
-            p.peak_rss = max(p.peak_rss, mem[0])
-            rss_sum += mem[0]
-            anon_sum += mem[1]
-        self.samples += 1
-        self.peak_rss = max(self.peak_rss, rss_sum)
-        self.peak_anon = max(self.peak_anon, anon_sum)
-
-
+# -- measuring a command (its process tree: Proc, TreeSampler of edgefl.procfs) -------------
 def run_measured(cmd: list[str], interval: float, log: Path, env=None) -> dict:
     """Run ``cmd`` (stdout and stderr to ``log``, each line's arrival time noted), sampling
     its tree; wall and CPU seconds, exit status, peak tree memory, the processes seen and
@@ -445,7 +290,7 @@ def run_edgefl(
         raise SystemExit(f"edgefl: error: {' '.join(cmd)} failed (status {m['status']}):\n"
                          + log.read_text(errors="replace")[-4000:])  # fmt: skip
     marks = edgefl_marks(m["t0"], m["t_end"], m["procs"], out, banner_time(m["lines"]))
-    summary = json.loads((out / "summary.json").read_text())
+    summary = Result(out).summary
     ranks = [p for p in m["procs"] if is_rank(p)]
     return {
         "job": job,

@@ -239,6 +239,9 @@ class RuntimeWorkerContext(WorkerContext):
     def num_samples(self, d: int) -> int:
         return int(self._w.data.num_samples(d))
 
+    def hold_out(self, fraction: float) -> None:
+        self._w.hold_out(fraction)
+
     def split(self, d: int) -> tuple[Any, Any] | None:
         return self._w.split(d)
 

@@ -279,6 +279,8 @@ class Coordinator:
             return
         if wait:
             self.t.wait_sends()
+        for p in self.plugins:
+            p.on_model_send(rank)
         if not any(src.send_model(rank) for src in (self.server, *self.plugins)):
             self.t.send(rank, Kind.MODEL, round=self.version, payload=self.global_model)
         self.rank_version[rank] = self.version
@@ -652,8 +654,6 @@ class Coordinator:
         a = self._arrival(ev)
         self.log_event("arrive", now, ev.device, ev.task)
         if a is not None:
-            for p in self.plugins:
-                p.on_arrival(a)
             dec = self.policy.arrived(a, self.version, now, self.available)
             used = dec.apply is not None and any(x is a for x in dec.apply.arrivals)
             if not used and not self._buffered(a):

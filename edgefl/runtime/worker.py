@@ -23,6 +23,7 @@ from ..algorithms.base import LocalJob, TaskSpec, WorkerPlugin
 from ..comm import Kind, Transport
 from ..comm.taskflags import CONTINUE, FLUSH, ISOLATE, REFRESH, unpack_flags
 from ..data import FederatedDataset
+from ..data.holdout import holdout_split
 from ..errors import ConfigError, EdgeflError
 from ..kernels import fingerprint as numerics_fingerprint
 from ..models import build_model
@@ -109,6 +110,8 @@ class Worker:
         self.loss = resolve_loss(tr["loss"], self.data.info.task)  # train.loss
         self.fit = load_client(tr["client"])  # the client hook (train.client)
         self.make_optimizer = optimizer_factory(tr)  # train.optimizer
+        self.holdout: float | None = None  # the held-out fraction a plugin asked for
+        self.splits: dict[int, tuple] = {}  # device -> (training split, held-out split)
         self.ctx = RuntimeWorkerContext(self)  # what the plugins see of this rank
         self.plugins: list[WorkerPlugin] = worker_plugins(self.ctx)
         self._handlers = {k: p.on_message for p in self.plugins for k in p.message_kinds}
@@ -338,13 +341,37 @@ class Worker:
         for v in [v for v in self.versions if v not in keep]:
             self._free.append(self.versions.pop(v))
 
+    def hold_out(self, fraction: float) -> None:
+        """Hold out ``fraction`` of every device's samples (a plugin asked, through its
+        context): :meth:`split` then makes the one split. A second, different fraction is
+        refused (the halves would train on different sets)."""
+        if self.holdout is not None and self.holdout != fraction:
+            raise ValueError(f"two hold-out fractions ({self.holdout} and {fraction})")
+        self.holdout = float(fraction)
+
     def split(self, device: int) -> tuple | None:
-        """(training split, held-out split) of ``device`` as the plugin answering ``split``
-        made it, or None (every sample trains)."""
-        return self._hook("split", device, self.data.train(device))
+        """(training split, held-out split) of ``device`` when a plugin asked for a hold-out
+        (:func:`~edgefl.data.holdout.holdout_split`; a device with one sample measures on
+        the sample it trains on), or None (every sample trains)."""
+        if self.holdout is None:
+            return None
+        got = self.splits.get(device)
+        if got is None:
+            ds = self.data.train(device)
+            if len(ds) < 2:
+                got = (ds, ds)
+            else:
+                got = holdout_split(ds, self.holdout, self.cfg["seed"], device)
+            self.splits[device] = got
+        return got
+
+    def _new_model(self, device: int) -> None:
+        for p in self.plugins:
+            p.new_model(device)
 
     def _hook(self, name: str, *args):
-        """The first plugin answer (not None) of hook ``name``, or None."""
+        """The answer of decision ``name`` (``train``, ``gate``): its owner's (the loader
+        lets at most one plugin override it), or None (the core decides)."""
         for p in self.plugins:
             got = getattr(p, name)(*args)
             if got is not None:
@@ -391,6 +418,8 @@ class Worker:
         if job.torch_device.startswith("cuda"):
             torch.cuda.synchronize(job.torch_device)
         seconds = time.perf_counter() - t0
+        for p in self.plugins:
+            p.after_train(device, job)
         flat = self.model_on(job.torch_device)[1]
         if self.gated:
             np.copyto(st.params, flat.to_host())
@@ -447,12 +476,12 @@ class Worker:
         if st is not None and flags & REFRESH:
             st.params = self.versions[version].copy()
             st.base = version
-            self._hook("new_model", device)
+            self._new_model(device)
         if st is None:
             st = _LocalState(version, self.versions[version].copy() if self.gated else None)
             if self.gated:
                 self.local[device] = st
-                self._hook("new_model", device)
+                self._new_model(device)
         return st
 
     def local_state_dict(self, d: int) -> dict:

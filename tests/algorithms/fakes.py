@@ -22,7 +22,7 @@ import torch
 from edgefl.algorithms.context import CoordinatorContext, Payload, WorkerContext
 from edgefl.comm import Message
 from edgefl.config import load_config
-from edgefl.data.holdout import holdout_size
+from edgefl.data.holdout import holdout_size, holdout_split
 
 
 @dataclass
@@ -266,6 +266,7 @@ class FakeWorkerContext(_Common, WorkerContext):
         self.data = dict(data)
         self.task_kind_ = task_kind
         self.splits: dict = {}
+        self.holdout: float | None = None
         self.queued: set[int] = set()
         self.versions: dict[int, np.ndarray] = {}
 
@@ -294,7 +295,17 @@ class FakeWorkerContext(_Common, WorkerContext):
     def num_samples(self, d: int) -> int:
         return len(self.data[d])
 
+    def hold_out(self, fraction: float) -> None:
+        if self.holdout is not None and self.holdout != fraction:
+            raise ValueError(f"two hold-out fractions ({self.holdout} and {fraction})")
+        self.holdout = fraction
+
     def split(self, d: int) -> tuple[Any, Any] | None:
+        if d not in self.splits and self.holdout is not None:
+            ds = self.data[d]
+            self.splits[d] = (
+                (ds, ds) if len(ds) < 2 else holdout_split(ds, self.holdout, self.cfg["seed"], d)
+            )
         return self.splits.get(d)
 
     def queued_versions(self) -> set[int]:

@@ -22,8 +22,8 @@ def decode(payload: np.ndarray) -> dict[str, float]:
         body = json.loads(bytes(payload).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"not UTF-8 JSON ({e})") from None
-    if not isinstance(body, dict) or len(body) > MAX_METRICS + 1:
-        raise ValueError("not an object of at most 64 metrics")
+    if not isinstance(body, dict) or len(body) - ("samples" in body) > MAX_METRICS:
+        raise ValueError(f"not an object of at most {MAX_METRICS} metrics")
     out = {}
     for k, v in body.items():
         if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)):

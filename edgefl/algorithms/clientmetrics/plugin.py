@@ -11,6 +11,7 @@ class ClientMetrics(Plugin):
     """``train.client`` set: the client's metrics go to the metrics rows."""
 
     name = "client_metrics"
+    order = 30  # its metrics go out before a plugin sends the update itself
     coordinator = ClientMetricsCoordinator
     worker = ClientMetricsWorker
 

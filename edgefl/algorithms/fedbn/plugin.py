@@ -12,6 +12,7 @@ class ModelBuffers(Plugin):
     (:func:`~edgefl.algorithms.fedbn.checks.check_buffers`); runs nothing during a job."""
 
     name = "model_buffers"
+    order = 10
 
     @classmethod
     def check_config(cls, cfg: dict) -> None:
@@ -24,6 +25,7 @@ class FedBN(Plugin):
     """``model.buffers = "local"``: each device keeps its own float buffers (FedBN)."""
 
     name = "fedbn"
+    order = 20  # buffers restored before anyone evaluates; zeroed before anyone encodes
     worker = FedBNWorker
 
     @classmethod

@@ -5,14 +5,11 @@ the BatchNorm running statistics. Before each task of a device its own values ar
 into the model (a device's first task: the initial model's, which are also the global
 model's, since no update ever changes them); after the task they are stored for the device
 and zeroed in its update, so aggregation, compression and residuals see no change there.
-A gated device (Hermes) keeps its local model between pushes: its values are stored after
-every local iteration (the ``gate`` hook, which answers nothing and leaves the decision to
-the gate), so a continued or refreshed task starts from them too.
+They are stored after every local iteration (``after_train``), so a gated device (Hermes),
+which keeps its local model between pushes, continues or refreshes from them too.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
@@ -40,12 +37,10 @@ class FedBNWorker(WorkerPlugin):
     def before_train(self, d: int, job: LocalJob) -> None:
         self._flat(job).load_buffers(self.values.get(d, self.initial))
 
-    def gate(self, d: int, job: LocalJob, holdout: Any, iterations: int) -> None:
+    def after_train(self, d: int, job: LocalJob) -> None:
         self._keep(d, job)
-        return None
 
     def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
-        self._keep(d, job)
         delta[self.sl] = 0.0
         return False  # the update goes on to the other plugins / the core
 

@@ -14,6 +14,7 @@ class FederatedEvaluation(Plugin):
     global model on its own held-out split (docs/evaluation.md)."""
 
     name = "fedeval"
+    order = 110
     coordinator = FedEvalCoordinator
     worker = FedEvalWorker
     summary_keys = {"fed_eval": None}

@@ -3,7 +3,6 @@ global model a task starts from every K versions, report it to rank 0 (FED_EVAL)
 
 from __future__ import annotations
 
-from ...data.holdout import holdout_split
 from ..base import LocalJob, WorkerPlugin
 from ..context import WorkerContext
 from .kinds import FED_EVAL
@@ -11,8 +10,8 @@ from .metrics import encode, evaluate_on, load_metrics
 
 
 class FedEvalWorker(WorkerPlugin):
-    """Answers the ``split`` hook without a gate (``evaluation.holdout`` of each device held
-    out); with a gate Hermes answers it first and its held-out split is evaluated on. In
+    """Without a gate, asks its context to hold out ``evaluation.holdout`` of each device;
+    with a gate Hermes asked for its fraction and that held-out split is evaluated on. In
     ``before_train`` a task that starts from global version v with v % K == 0 evaluates
     that model (a gated device only when it just got a global model, not when it goes on
     from its own local one) and sends the result before it trains."""
@@ -24,23 +23,16 @@ class FedEvalWorker(WorkerPlugin):
         self.fraction = float(c["holdout"])
         self.metrics = load_metrics(c["metrics"])
         self.gated = ctx.cfg["algorithm"]["gate"] != "always"
-        self.splits: dict[int, tuple] = {}
+        if not self.gated:  # (with a gate, Hermes asked for its hold-out: scored on it)
+            ctx.hold_out(self.fraction)
         self.fresh: set[int] = set()  # gated devices whose next task starts from a global model
-
-    def split(self, d: int, ds):
-        """(training split, held-out split) of device ``d`` (None with a gate: Hermes')."""
-        if self.gated:
-            return None
-        if d not in self.splits:
-            self.splits[d] = holdout_split(ds, self.fraction, self.ctx.cfg["seed"], d)
-        return self.splits[d]
 
     def new_model(self, d: int) -> None:
         self.fresh.add(d)
 
     def _held_out(self, d: int):
-        """The held-out split the job's training excluded: the first plugin's answer to
-        ``split`` (Hermes' with a gate, else this plugin's)."""
+        """The held-out split the job's training excluded (the context's one split: Hermes'
+        fraction with a gate, else ``evaluation.holdout``)."""
         got = self.ctx.split(d)
         if got is not None:
             return got[1]

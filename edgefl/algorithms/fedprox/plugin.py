@@ -10,6 +10,7 @@ class FedProx(Plugin):
     """``fedprox.enabled = true`` with ``fedprox.mu``: the server side is plain FedAvg."""
 
     name = "fedprox"
+    order = 90
     worker = FedProxWorker
 
     @classmethod

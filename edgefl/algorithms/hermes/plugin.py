@@ -12,6 +12,7 @@ class Hermes(Plugin):
     aggregation act when the config selects them."""
 
     name = "hermes"
+    order = 50
     coordinator = HermesCoordinator
     worker = HermesWorker
     summary_keys = {"hermes": None}

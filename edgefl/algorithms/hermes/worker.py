@@ -6,7 +6,6 @@ import math
 
 import torch
 
-from ...data.holdout import holdout_split
 from ...models.train import evaluate
 from ..base import LocalJob, WorkerPlugin
 from ..context import WorkerContext
@@ -21,7 +20,8 @@ class HermesWorker(WorkerPlugin):
         super().__init__(ctx, name)
         self.gated = ctx.cfg["algorithm"]["gate"] != "always"
         self.gates: dict = {}
-        self.splits: dict = {}
+        if self.gated:  # (the one split: the worker makes it, fedeval scores on it too)
+            ctx.hold_out(float(ctx.cfg["hermes"]["holdout_fraction"]))
 
     def _gate(self, device: int):
         if device not in self.gates:
@@ -30,18 +30,6 @@ class HermesWorker(WorkerPlugin):
             c = self.ctx.cfg
             self.gates[device] = make_gate(c["algorithm"]["gate"], c["hermes"])
         return self.gates[device]
-
-    def split(self, d: int, ds):
-        """(training split, held-out split) of device ``d``."""
-        if not self.gated:
-            return None
-        if d not in self.splits:
-            if len(ds) < 2:  # (its gate measures on the one sample it trains on)
-                self.splits[d] = (ds, ds)
-            else:
-                frac = self.ctx.cfg["hermes"]["holdout_fraction"]
-                self.splits[d] = holdout_split(ds, frac, self.ctx.cfg["seed"], d)
-        return self.splits[d]
 
     def new_model(self, d: int) -> None:
         if self.gated:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -65,7 +66,13 @@ class OrderingCoordinator(CoordinatorPlugin):
         if w in st.moved:
             return  # re-run after a move: its rows of this epoch are given up (see below)
         task = ctx.busy.get(d, (None,))[0]
-        n, width, first = int(msg.aux[0]), int(msg.aux[1]), int(msg.aux[2])
+        head = msg.aux[:3]
+        if len(head) < 3 or not all(math.isfinite(x) and x == int(x) for x in head):
+            ctx.reject(msg.src, f"GRADS of device {d}: header {tuple(head)} is not 3 counts")
+            if w not in st.missing:
+                st.drop(w)
+            return
+        n, width, first = int(head[0]), int(head[1]), int(head[2])
         if msg.round != task:
             why = f"for task {msg.round}, device {d} is running task {task}"
         elif n * width != msg.payload.size or n < 1:

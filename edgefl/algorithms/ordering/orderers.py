@@ -896,14 +896,14 @@ def make_orderer(
     microbatch: int = 1,
     sketch_kind: str = "countsketch",
 ) -> Orderer:
-    """Orderer by config values: ``ordering.name`` (rr, id-grab, id-grab-bal, cd-grab),
+    """Orderer by config values: ``algorithm.ordering`` (rr, id-grab, id-grab-bal, cd-grab),
     the run ``seed``, ``ordering.sketch_dim`` (>= 0, 0 = exact), ``ordering.unit``
     (example, microbatch), ``ordering.microbatch`` (>= 1) and ``ordering.sketch_kind``
     (countsketch, gaussian). Bad values raise ConfigError naming the key."""
     cls = ORDERERS.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ConfigError(
-            f"config key 'ordering.name' = {name!r}: expected one of {', '.join(ORDERINGS)}"
+            f"config key 'algorithm.ordering' = {name!r}: expected one of {', '.join(ORDERINGS)}"
         )
     return cls(
         seed=seed,

@@ -12,6 +12,7 @@ class Ordering(Plugin):
     """``algorithm.ordering`` = ``rr`` | ``id-grab`` | ``id-grab-bal`` | ``cd-grab``."""
 
     name = "ordering"
+    order = 80
     coordinator = OrderingCoordinator
     worker = OrderingWorker
     summary_keys = {"ordering": None}

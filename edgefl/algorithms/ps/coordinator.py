@@ -127,7 +127,7 @@ class PSCoordinator(CoordinatorPlugin):
 
         ctx = self.ctx
         dec = self._decoder(d)
-        for _attempt in range(2):
+        for attempt in range(2):
             try:
                 got = dec.decode(msg.payload)
                 out = got.to_dense().astype(np.float32)
@@ -135,6 +135,8 @@ class PSCoordinator(CoordinatorPlugin):
                 self._book_mass(d, keys, out[keys])
                 return out, "", msg
             except KeyCacheMiss:
+                if attempt:  # the resend missed too: refused (no second RESEND)
+                    break
                 self.resends += 1
                 ctx.book_up(d, HEADER_BYTES + msg.nbytes)  # the message that missed
                 ctx.release(msg)

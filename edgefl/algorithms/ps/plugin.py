@@ -13,6 +13,7 @@ class ParameterServer(Plugin):
     """On with ``ps.sparse = true`` or ``ps.pull = "working-set"``."""
 
     name = "ps"
+    order = 70
     coordinator = PSCoordinator
     worker = PSWorker
     summary_keys = {"ps": None, "sparse_resends": 0}

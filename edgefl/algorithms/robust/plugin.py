@@ -42,6 +42,7 @@ class NormBound(Plugin):
     """On when ``robust.norm_bound`` or ``robust.norm_bound_relative`` is set."""
 
     name = "norm_bound"
+    order = 40  # filters arrivals before Hermes weighs them
     coordinator = NormBoundCoordinator
     requires = tuple(
         Requirement(

@@ -26,14 +26,13 @@ class ScaffoldCoordinator(CoordinatorPlugin):
         self.pending: dict[int, np.ndarray] = {}  # device -> dc_i of its accepted update
 
     def on_start(self) -> None:
-        if self.ctx.resuming:  # tasks in flight are sent again without send_model
+        if self.ctx.resuming:  # tasks in flight are sent again without a model send
             for rank in sorted({v["rank"] for v in self.ctx.devices.values()}):
-                self.send_model(rank)
+                self.on_model_send(rank)
 
-    def send_model(self, rank: int) -> bool:
-        """The variate of the current version goes before the model (the core sends it)."""
+    def on_model_send(self, rank: int) -> None:
+        """The variate of the current version goes before the model."""
         self.ctx.send(rank, CONTROL, round=self.ctx.version, payload=self.c.copy())
-        return False
 
     def down_bytes(self, d: int) -> int | None:
         from ...comm.wire import HEADER_BYTES

@@ -11,6 +11,7 @@ class Scaffold(Plugin):
     """``scaffold.enabled = true``: SCAFFOLD's control variates (option II)."""
 
     name = "scaffold"
+    order = 100
     coordinator = ScaffoldCoordinator
     worker = ScaffoldWorker
     summary_keys = {"scaffold": None}

@@ -1,0 +1,96 @@
+"""Hermes' worker half alone: it asks its context for the one hold-out split (with a gate
+only), and its gate decides each gated iteration: push, the held-out loss, the score."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from edgefl.algorithms.base import LocalJob, TaskSpec
+from edgefl.algorithms.fedeval.worker import FedEvalWorker
+from edgefl.algorithms.hermes.worker import HermesWorker
+
+from ..fakes import FakeWorkerContext, config
+
+GATED = ('algorithm.gate="hermes"', "hermes.holdout_fraction=0.25")
+
+
+def _data(n: int = 8, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, 3, generator=g), torch.randint(0, 2, (n,), generator=g))
+
+
+def _job(model: torch.nn.Module) -> LocalJob:
+    return LocalJob(0, 0, 0, TaskSpec(), model, None, "cpu", None)
+
+
+def test_with_a_gate_it_asks_for_the_hold_out_and_the_split_is_the_one_rule():
+    ctx = FakeWorkerContext(config(None, *GATED), {0: _data(8), 1: _data(1)})
+    HermesWorker(ctx, "hermes")
+    assert ctx.holdout == 0.25
+    train, held = ctx.split(0)
+    assert len(train) == 6 and len(held) == 2  # round(0.25 * 8) held out
+    assert sorted([*train.indices, *held.indices]) == list(range(8))
+    one = ctx.split(1)
+    assert one[0] is one[1]  # one sample: the gate measures on the sample it trains on
+
+
+def test_without_a_gate_it_holds_nothing_out_and_decides_nothing():
+    ctx = FakeWorkerContext(config(), {0: _data(8)})
+    w = HermesWorker(ctx, "hermes")
+    assert ctx.holdout is None and ctx.split(0) is None
+    assert w.gate(0, _job(torch.nn.Linear(3, 2)), None, 1) is None
+
+
+def test_hermes_and_federated_evaluation_share_one_split():
+    # with a gate, federated evaluation scores on Hermes' held-out split (asks for none)
+    ctx = FakeWorkerContext(config(None, *GATED, "evaluation.every=1"), {0: _data(8)})
+    HermesWorker(ctx, "hermes")
+    FedEvalWorker(ctx, "fedeval")
+    assert ctx.holdout == 0.25
+    # without one, federated evaluation asks for its own fraction
+    ctx2 = FakeWorkerContext(config(None, "evaluation.every=1", "evaluation.holdout=0.5"),
+                             {0: _data(8)})  # fmt: skip
+    HermesWorker(ctx2, "hermes")
+    FedEvalWorker(ctx2, "fedeval")
+    assert ctx2.holdout == 0.5 and len(ctx2.split(0)[1]) == 4
+    with pytest.raises(ValueError, match="two hold-out fractions"):
+        ctx2.hold_out(0.25)
+
+
+def test_the_gate_pushes_at_the_local_iteration_cap():
+    ctx = FakeWorkerContext(config(None, *GATED, "hermes.max_local_iterations=3"), {0: _data(8)})
+    w = HermesWorker(ctx, "hermes")
+    model = torch.nn.Linear(3, 2)
+    held = ctx.split(0)[1]
+    w.new_model(0)
+    pushes = [w.gate(0, _job(model), held, k)[0] for k in (1, 2, 3)]
+    assert pushes[-1] is True  # the model never changes, so only the cap makes it push
+    loss = w.gate(0, _job(model), held, 1)[1]
+    assert math.isfinite(loss) and loss > 0
+
+
+def test_a_non_finite_held_out_loss_is_pushed_as_it_is():
+    ctx = FakeWorkerContext(config(None, *GATED), {0: _data(8)})
+    w = HermesWorker(ctx, "hermes")
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight.fill_(float("nan"))
+    push, loss, z = w.gate(0, _job(model), ctx.split(0)[1], 1)
+    assert push is True and math.isnan(loss) and z == 0.0
+
+
+def test_the_gate_state_round_trips_per_device():
+    ctx = FakeWorkerContext(config(None, *GATED), {0: _data(8)})
+    w = HermesWorker(ctx, "hermes")
+    model = torch.nn.Linear(3, 2)
+    w.new_model(0)
+    w.gate(0, _job(model), ctx.split(0)[1], 1)
+    st = w.device_state(0)
+    assert set(st) == {"gate"} and w.device_state(5) == {}
+    w2 = HermesWorker(ctx, "hermes")
+    w2.load_device_state(0, st)
+    assert w2.device_state(0) == st
