@@ -15,7 +15,6 @@ over their online time), ``run_dir``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path

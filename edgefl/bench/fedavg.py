@@ -15,7 +15,6 @@ Row fields: ``seed``, ``fedavg_accuracy``, ``centralized_accuracy``, ``gap_point
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 

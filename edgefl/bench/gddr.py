@@ -16,7 +16,6 @@ withhold-with-forced-release rule; see docs/gddr.md) and ``tau_end``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

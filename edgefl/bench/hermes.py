@@ -20,7 +20,6 @@ per-task jitter, 10% in hermes-12, puts a floor of about 0.1 under the single-it
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

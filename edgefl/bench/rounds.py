@@ -15,7 +15,6 @@ imports for edgefl, first-touch allocations for both), i.e. rounds_per_s = (T - 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import subprocess
 import sys

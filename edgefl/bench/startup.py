@@ -276,6 +276,7 @@ def rounds_doc(seed: int, ranks: int | None) -> dict:
 def run_edgefl(
     job: str, conf: Path | None, out: Path, interval: float, log: Path, ranks: int | None = None
 ) -> dict:
+    from ..api import Result
     from ..launcher import rank_python  # (python -P: the cwd cannot shadow edgefl)
 
     cmd = [*rank_python(), "-m", "edgefl", "simulate", *([str(conf)] if conf else [])]

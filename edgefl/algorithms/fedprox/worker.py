@@ -20,4 +20,6 @@ class FedProxWorker(WorkerPlugin):
         anchor = job.start if job.start is not None else flat.to_host().copy()
         params = [p for _, p in job.model.named_parameters()]
         mu = float(ctx.cfg["fedprox"]["mu"])
-        job.fit_ctx.grad_hooks.append(proximal_hook(params, flat.offsets[: len(params)], anchor, mu))
+        job.fit_ctx.grad_hooks.append(
+            proximal_hook(params, flat.offsets[: len(params)], anchor, mu)
+        )

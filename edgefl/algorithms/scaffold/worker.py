@@ -45,7 +45,9 @@ class ScaffoldWorker(WorkerPlugin):
         correction = c if ci is None else c - ci
         flat = job.flat
         params = [p for _, p in job.model.named_parameters()]
-        job.fit_ctx.grad_hooks.append(correction_hook(params, flat.offsets[: len(params)], correction))
+        job.fit_ctx.grad_hooks.append(
+            correction_hook(params, flat.offsets[: len(params)], correction)
+        )
         job.ctx["scaffold_c"] = c
 
     def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
