@@ -25,7 +25,9 @@ Rules:
     composition matrix, its policy checks) or reaches the runtime core (coordinator,
     worker, their contexts), and none reads an attribute named ``core``;
 (h) the runtime's helper modules call no private method of the object they serve
-    (``core._x(...)``).
+    (``core._x(...)``);
+(i) ``edgefl.config`` imports nothing from ``edgefl.algorithms`` (the plugins' sections come
+    through the registry's entry point).
 
 Known violations of the runtime restructure in progress are allowed edge by edge in
 :data:`KNOWN_RUNTIME_EDGES`; any other violation fails.
@@ -367,6 +369,15 @@ def _reaching(g: dict[str, dict[str, int]], package: str, targets: tuple[str, ..
 def test_config_never_reaches_the_launch_layers():
     bad = _reaching(checked_graph(), "edgefl.config", LAUNCH_LAYERS)
     assert not bad, "edgefl.config reaches the launch layers:\n  " + "\n  ".join(bad)
+
+
+def test_config_imports_no_plugin():
+    """(i) The schema takes the plugins' sections from the registry through an entry point
+    (config/schema.py: plugin_sections): no config module imports edgefl.algorithms."""
+    g = checked_graph()
+    bad = [_where(m, t) for m in sorted(g) if _in(m, "edgefl.config")
+           for t in g[m] if _in(t, "edgefl.algorithms")]  # fmt: skip
+    assert not bad, "edgefl.config imports plugins:\n  " + "\n  ".join(bad)
 
 
 def test_launcher_never_reaches_the_layers_above_it():

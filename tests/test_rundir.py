@@ -253,7 +253,10 @@ def test_a_second_job_on_a_running_run_directory_is_refused(tmp_path, launcher):
     for _attempt in range(3):  # (Open MPI's own launch flake: see conftest.run_launch)
         first = _start(run, 40, "debug.delay_s=0.1")
         deadline = time.monotonic() + 120
-        while not _held_by_other(run / LOCK_FILE) and first.poll() is None:
+        # claimed, and its config written (the claim comes first: a moment apart)
+        while first.poll() is None and not (
+            _held_by_other(run / LOCK_FILE) and (run / "config.toml").exists()
+        ):
             assert time.monotonic() < deadline, "the first job never claimed its directory"
             time.sleep(0.05)
         if first.poll() is None:

@@ -28,22 +28,48 @@ from .base import CoordinatorPlugin, Plugin, Requirement, WorkerPlugin
 from .context import CoordinatorContext, WorkerContext
 from .hooks import check_owners
 
-# the built-in plugins: "module:Class" under edgefl.algorithms. Their place here means
-# nothing: hooks run in each class's declared ``order`` (tests/test_builtin_order.py
-# shuffles this tuple and checks that no golden model changes).
+# The registry: the built-in plugins, "module:Class" under edgefl.algorithms. Adding a
+# built-in is its package and one line here: its config section (the package's config.py,
+# SECTIONS) reaches the schema through config_sections. The order of the lines gives the
+# order of the config sections (docs/configuration.md) and nothing else: hooks run in
+# each class's declared ``order`` (tests/test_builtin_order.py shuffles this tuple and
+# checks that no golden model changes).
 BUILTIN = (
+    "hermes.plugin:Hermes",
+    "gddr.plugin:GDDR",
+    "ordering.plugin:Ordering",
+    "ps.plugin:ParameterServer",
+    "robust.plugin:NormBound",
+    "dp.plugin:DP",
+    "fedeval.plugin:FederatedEvaluation",
+    "fedprox.plugin:FedProx",
+    "scaffold.plugin:Scaffold",
     "fedbn.plugin:ModelBuffers",
     "fedbn.plugin:FedBN",
     "clientmetrics.plugin:ClientMetrics",
-    "robust.plugin:NormBound",
-    "hermes.plugin:Hermes",
-    "gddr.plugin:GDDR",
-    "ps.plugin:ParameterServer",
-    "ordering.plugin:Ordering",
-    "fedprox.plugin:FedProx",
-    "scaffold.plugin:Scaffold",
-    "fedeval.plugin:FederatedEvaluation",
 )
+
+
+def config_sections() -> dict[str, Any]:
+    """The config sections of the built-in plugins: each package's ``config.py``
+    ``SECTIONS`` (a package without one has none), in BUILTIN order. The schema takes them
+    through the entry point ``edgefl.config_sections`` (setup.cfg), so the config layer
+    names no plugin; only the light config modules are imported here (no plugin halves,
+    no torch)."""
+    out: dict[str, Any] = {}
+    for pkg in dict.fromkeys(spec.partition(".")[0] for spec in BUILTIN):
+        name = f"{__name__}.{pkg}.config"
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        for section, fields in mod.SECTIONS.items():
+            if section in out:
+                raise ImportError(f"config section [{section}] is declared by two packages")
+            out[section] = fields
+    return out
 
 
 def _import(spec: str, where: str) -> type[Plugin]:
@@ -192,6 +218,7 @@ __all__ = [
     "WorkerPlugin",
     "builtin_classes",
     "check_config",
+    "config_sections",
     "check_requirements",
     "coordinator_plugins",
     "load",

@@ -351,6 +351,9 @@ class Plugin:
     coordinator: ClassVar[type[CoordinatorPlugin] | None] = None
     worker: ClassVar[type[WorkerPlugin] | None] = None
     requires: ClassVar[tuple[Requirement, ...]] = ()
+    #: the config sections the plugin owns, ``{section: {key: Field}}`` (a built-in's are its
+    #: package's config.py ``SECTIONS``, which reach the schema through the registry)
+    sections: ClassVar[dict[str, Any]] = {}
     #: position in the hooks that run several plugins (lower first; ties: as listed). The
     #: built-ins declare theirs (FedBN's buffers are restored before anyone evaluates the
     #: model, the norm bound filters before Hermes weighs, ...); a user's plugin runs after

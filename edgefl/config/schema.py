@@ -2,25 +2,18 @@
 
 This table is the single source of truth: the loader validates against it, the embedded
 default config is built from it, and ``docs/configuration.md`` is generated from it
-(``edgefl config docs``; a test checks the page is current).
+(``edgefl config docs``; a test checks the page is current). The core's sections are
+written here; the plugins' come from the plugin registry through an entry point
+(:func:`plugin_sections`), so this layer names no plugin.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..algorithms.dp.config import SECTIONS as DP_SECTIONS
-from ..algorithms.fedeval.config import SECTIONS as FEDEVAL_SECTIONS
-from ..algorithms.fedprox.config import SECTIONS as FEDPROX_SECTIONS
-from ..algorithms.gddr.config import SECTIONS as GDDR_SECTIONS
-from ..algorithms.hermes.config import SECTIONS as HERMES_SECTIONS
-from ..algorithms.ordering.config import SECTIONS as ORDERING_SECTIONS
-from ..algorithms.ps.config import SECTIONS as PS_SECTIONS
-from ..algorithms.robust.config import SECTIONS as ROBUST_SECTIONS
-from ..algorithms.scaffold.config import SECTIONS as SCAFFOLD_SECTIONS
 from .fields import Field, field
 
-SCHEMA: dict[str, Any] = {
+_CORE: dict[str, Any] = {
     "seed": field(
         0, "int", "Run seed; data, initial model, shuffling and sampling derive from it.", min=0
     ),
@@ -363,16 +356,7 @@ SCHEMA: dict[str, Any] = {
             choices=("none", "gddr"),
         ),
     },
-    # the algorithm plugins' sections, each defined in its package's config.py
-    **HERMES_SECTIONS,
-    **GDDR_SECTIONS,
-    **ORDERING_SECTIONS,
-    **PS_SECTIONS,
-    **ROBUST_SECTIONS,
-    **DP_SECTIONS,
-    **FEDEVAL_SECTIONS,
-    **FEDPROX_SECTIONS,
-    **SCAFFOLD_SECTIONS,
+    # (the plugins' sections follow "algorithm": plugin_sections(), below)
     "sim": {
         "clock": field(
             "auto",
@@ -522,6 +506,59 @@ SCHEMA: dict[str, Any] = {
 }
 
 
+#: the entry-point group through which plugin packages contribute config sections
+SECTIONS_GROUP = "edgefl.config_sections"
+
+
+def plugin_sections(core: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config sections the plugins contribute, through the entry points of group
+    :data:`SECTIONS_GROUP`: ``builtin`` (edgefl's own registry,
+    ``edgefl.algorithms:config_sections``; setup.cfg) first, then any other, by name. Each
+    names a function returning ``{section: {key: Field}}``. The config layer names no
+    plugin: adding a built-in touches only its package and the registry's BUILTIN.
+
+    Raises ImportError (one line) when edgefl's own entry point is missing (a source tree
+    that was not installed, or installed before the registry moved) or when a section is
+    contributed twice or shadows a core one."""
+    from importlib.metadata import entry_points
+
+    core = _CORE if core is None else core
+    found = sorted(entry_points(group=SECTIONS_GROUP), key=lambda e: (e.name != "builtin", e.name))
+    if not any(e.name == "builtin" for e in found):
+        raise ImportError(
+            f"edgefl's plugin config sections are the entry point 'builtin' of group "
+            f"'{SECTIONS_GROUP}', and none is installed: (re)install edgefl "
+            "(pip install -e .)"
+        )
+    out: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    for ep in found:
+        for name, section in ep.load()().items():
+            if name in core or name in out:
+                other = "edgefl's core" if name in core else f"entry point {owner[name]!r}"
+                raise ImportError(
+                    f"config section [{name}] of entry point {ep.name!r} ({ep.value}) is "
+                    f"also {other}'s"
+                )
+            out[name] = section
+            owner[name] = ep.name
+    return out
+
+
+def _compose(core: dict[str, Any], plugins: dict[str, Any]) -> dict[str, Any]:
+    """``core`` with the plugin sections right after its ``algorithm`` section."""
+    out: dict[str, Any] = {}
+    for key, value in core.items():
+        out[key] = value
+        if key == "algorithm":
+            out.update(plugins)
+    return out
+
+
+#: every key: the core's sections and, after ``algorithm``, the plugins' (plugin_sections)
+SCHEMA: dict[str, Any] = _compose(_CORE, plugin_sections())
+
+
 # Arguments used when a config names a source/model but gives no [data.args]/[model.args].
 DEFAULT_ARGS: dict[str, dict[str, dict]] = {
     "data": {"synthetic": {"alpha": 0.5, "beta": 0.5, "dim": 60, "classes": 10}},
@@ -551,4 +588,12 @@ def defaults(schema: dict | None = None) -> dict:
     return out
 
 
-__all__ = ["DEFAULT_ARGS", "Field", "SCHEMA", "defaults", "iter_fields"]
+__all__ = [
+    "DEFAULT_ARGS",
+    "Field",
+    "SCHEMA",
+    "SECTIONS_GROUP",
+    "defaults",
+    "iter_fields",
+    "plugin_sections",
+]

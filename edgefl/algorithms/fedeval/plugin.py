@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ...errors import ConfigError
 from ..base import Plugin
+from .config import SECTIONS
 from .coordinator import FedEvalCoordinator
 from .metrics import load_metrics
 from .worker import FedEvalWorker
@@ -15,6 +16,7 @@ class FederatedEvaluation(Plugin):
 
     name = "fedeval"
     order = 110
+    sections = SECTIONS
     coordinator = FedEvalCoordinator
     worker = FedEvalWorker
     summary_keys = {"fed_eval": None}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..base import Plugin
+from .config import SECTIONS
 from .worker import FedProxWorker
 
 
@@ -11,6 +12,7 @@ class FedProx(Plugin):
 
     name = "fedprox"
     order = 90
+    sections = SECTIONS
     worker = FedProxWorker
 
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..base import Plugin
+from .config import SECTIONS
 from .coordinator import GDDRCoordinator
 from .worker import GDDRWorker
 
@@ -12,6 +13,7 @@ class GDDR(Plugin):
 
     name = "gddr"
     order = 60
+    sections = SECTIONS
     coordinator = GDDRCoordinator
     worker = GDDRWorker
     summary_keys = {"gddr": None}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..base import Plugin, Requirement, not_one_of, one_of
+from .config import SECTIONS
 from .coordinator import HermesCoordinator
 from .worker import HermesWorker
 
@@ -13,6 +14,7 @@ class Hermes(Plugin):
 
     name = "hermes"
     order = 50
+    sections = SECTIONS
     coordinator = HermesCoordinator
     worker = HermesWorker
     summary_keys = {"hermes": None}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..base import Plugin, Requirement, not_one_of, one_of
+from .config import SECTIONS
 from .coordinator import OrderingCoordinator
 from .orderers import make_cfg_orderer
 from .worker import OrderingWorker
@@ -13,6 +14,7 @@ class Ordering(Plugin):
 
     name = "ordering"
     order = 80
+    sections = SECTIONS
     coordinator = OrderingCoordinator
     worker = OrderingWorker
     summary_keys = {"ordering": None}

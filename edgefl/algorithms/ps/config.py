@@ -1,5 +1,6 @@
-"""The config section(s) of the ps plugin (merged into the schema, edgefl/config/schema.py;
-documented in docs/configuration.md)."""
+"""The config section(s) of the ps plugin (the registry,
+edgefl.algorithms.config_sections, hands it to the schema; documented in
+docs/configuration.md)."""
 
 from __future__ import annotations
 

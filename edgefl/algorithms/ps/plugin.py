@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..base import Plugin, Requirement, above, has, not_one_of, one_of
+from .config import SECTIONS
 from .coordinator import PSCoordinator
 from .filters import make_ps_filter_chain
 from .worker import PSWorker
@@ -14,6 +15,7 @@ class ParameterServer(Plugin):
 
     name = "ps"
     order = 70
+    sections = SECTIONS
     coordinator = PSCoordinator
     worker = PSWorker
     summary_keys = {"ps": None, "sparse_resends": 0}

@@ -6,6 +6,7 @@ from ...policies.aggregation import Update
 from ...policies.consistency import Apply
 from ..base import CoordinatorPlugin, Plugin, Requirement, above, not_one_of
 from ..context import CoordinatorContext
+from .config import SECTIONS
 
 
 class NormBoundCoordinator(CoordinatorPlugin):
@@ -43,6 +44,7 @@ class NormBound(Plugin):
 
     name = "norm_bound"
     order = 40  # filters arrivals before Hermes weighs them
+    sections = SECTIONS
     coordinator = NormBoundCoordinator
     requires = tuple(
         Requirement(

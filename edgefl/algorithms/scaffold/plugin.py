@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..base import Plugin, Requirement, one_of
+from .config import SECTIONS
 from .coordinator import ScaffoldCoordinator
 from .worker import ScaffoldWorker
 
@@ -12,6 +13,7 @@ class Scaffold(Plugin):
 
     name = "scaffold"
     order = 100
+    sections = SECTIONS
     coordinator = ScaffoldCoordinator
     worker = ScaffoldWorker
     summary_keys = {"scaffold": None}

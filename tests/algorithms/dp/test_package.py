@@ -1,5 +1,5 @@
-"""edgefl.algorithms.dp (the package): documented, its modules importable, no plugin of its
-own (DP-FedAvg is a choice of the aggregation axis)."""
+"""edgefl.algorithms.dp (the package): documented, its modules importable; its plugin only
+registers the [dp] section (DP-FedAvg is a choice of the aggregation axis)."""
 
 from __future__ import annotations
 
@@ -18,5 +18,12 @@ def test_every_module_the_package_docstring_names_imports():
     importlib.import_module("edgefl.algorithms.dp.config")
 
 
-def test_dp_is_not_a_built_in_plugin():
-    assert not any(spec.startswith("dp.") for spec in BUILTIN)
+def test_the_dp_plugin_has_no_halves_and_owns_the_dp_section():
+    from edgefl.algorithms.dp.config import SECTIONS
+    from edgefl.algorithms.dp.plugin import DP
+
+    from ..fakes import config
+
+    assert "dp.plugin:DP" in BUILTIN
+    assert DP.coordinator is None and DP.worker is None and DP.sections is SECTIONS
+    assert not DP.enabled(config()) and DP.enabled(config(None, "dp.enabled=true"))
