@@ -1,5 +1,6 @@
-"""Hermes over real mpiexec: gated pushes, allocation, loss-weighted aggregation, metrics;
-and its bad parameters rejected before any rank starts."""
+"""Hermes through edgefl simulate: gated pushes, allocation, loss-weighted aggregation,
+metrics over real mpiexec, the broadcast to all in one process; and its bad parameters
+rejected before any rank starts."""
 
 from __future__ import annotations
 
@@ -61,14 +62,14 @@ def test_hermes_job_pushes_only_on_major_updates(tmp_path, launcher):
     assert s["final_accuracy"] > 0.5
 
 
-@pytest.mark.mpi
-def test_hermes_broadcast_to_all_refreshes_other_devices(tmp_path, launcher):
+def test_hermes_broadcast_to_all_refreshes_other_devices(tmp_path):
+    """(in one process, ``--backend inline``: the REFRESH protocol is the same there)"""
     runs = {}
     for mode in ("pusher", "all"):
         out = tmp_path / mode
         proc = run_edgefl(
             "simulate", "--out", str(out), "--devices", "6", "--ranks", "3", "--rounds", "30",
-            *HERMES, "--set", f"hermes.broadcast={mode}",
+            "--backend", "inline", *HERMES, "--set", f"hermes.broadcast={mode}",
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[mode] = json.loads((out / "summary.json").read_text())["hermes"]

@@ -1,6 +1,7 @@
-"""The KKT filter in the MPI runtime: devices test their update against the gradient of their
-local loss at the global model (``server.l1``, the prox threshold), hold back what the prox
-would zero, and flush it at the end: uplink bytes fall, accuracy stays, no mass is lost."""
+"""The KKT filter in the runtime (one process, ``--backend inline``): devices test their
+update against the gradient of their local loss at the global model (``server.l1``, the prox
+threshold), hold back what the prox would zero, and flush it at the end: uplink bytes fall,
+accuracy stays, no mass is lost."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ CLICKS = [
 
 
 def _run(out, *extra):
-    proc = run_edgefl("simulate", "--out", str(out), *extra)
+    proc = run_edgefl("simulate", "--out", str(out), "--backend", "inline", *extra)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())
 
@@ -37,8 +38,7 @@ def _up(s: dict) -> int:
     return sum(d["bytes_up"] for d in s["devices"].values())
 
 
-@pytest.mark.mpi
-def test_kkt_filter_cuts_uplink_keeps_accuracy_loses_nothing(tmp_path, launcher):
+def test_kkt_filter_cuts_uplink_keeps_accuracy_loses_nothing(tmp_path):
     plain = _run(tmp_path / "plain", *CLICKS)
     kkt = _run(tmp_path / "kkt", *CLICKS, "--set", 'ps.filters=["kkt"]')
     ps = kkt["ps"]

@@ -416,8 +416,8 @@ def test_bal_state_keeps_stale_means():
 @pytest.mark.parametrize(
     ("kwargs", "key"),
     [
-        ({"name": "grab"}, "ordering.name"),
-        ({"name": None}, "ordering.name"),
+        ({"name": "grab"}, "algorithm.ordering"),
+        ({"name": None}, "algorithm.ordering"),
         ({"name": "rr", "sketch_dim": -1}, "ordering.sketch_dim"),
         ({"name": "rr", "sketch_dim": True}, "ordering.sketch_dim"),
         ({"name": "rr", "unit": "batch"}, "ordering.unit"),

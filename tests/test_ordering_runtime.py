@@ -1,5 +1,7 @@
-"""Example ordering over real mpiexec: the orders rank 0 sends are exactly what the pure
-ordering module computes from the gradients the workers shipped (saved per epoch)."""
+"""Example ordering through edgefl simulate: the orders rank 0 sends are exactly what the pure
+ordering module computes from the gradients the workers shipped (saved per epoch). One
+configuration runs over real mpiexec; the others, and the streamed-rows comparison, in one
+process (``--backend inline``: the same messages over the in-process transport)."""
 
 from __future__ import annotations
 
@@ -11,14 +13,20 @@ from conftest import run_edgefl
 
 from edgefl.algorithms.ordering.orderers import replay_epoch_debug
 
-pytestmark = pytest.mark.mpi
 
-
-@pytest.mark.parametrize("name,sketch", [("cd-grab", 0), ("cd-grab", 16), ("id-grab", 0)])
-def test_sent_orders_equal_the_pure_module(tmp_path, launcher, name, sketch):
+@pytest.mark.parametrize(
+    "name,sketch,backend",
+    [
+        pytest.param("cd-grab", 0, "mpi", marks=pytest.mark.mpi),
+        ("cd-grab", 16, "inline"),
+        ("id-grab", 0, "inline"),
+    ],
+)
+def test_sent_orders_equal_the_pure_module(tmp_path, name, sketch, backend):
     out = tmp_path / "o"
     proc = run_edgefl(
         "simulate", "--out", str(out), "--devices", "4", "--ranks", "3", "--rounds", "4",
+        "--backend", backend,
         "--set", f"algorithm.ordering={name}", "--set", f"ordering.sketch_dim={sketch}",
         "--set", "ordering.save_debug=true", "--set", "output.progress=quiet",
     )  # fmt: skip
@@ -56,6 +64,7 @@ def test_streamed_rows_give_the_same_orders_and_model_as_one_message(tmp_path):
         out = tmp_path / ship
         proc = run_edgefl(
             "simulate", "--out", str(out), "--devices", "4", "--ranks", "3", "--rounds", "3",
+            "--backend", "inline",
             "--set", "algorithm.ordering=cd-grab", "--set", "ordering.sketch_dim=8",
             "--set", f"ordering.ship={ship}", "--set", "ordering.save_debug=true",
             "--set", "output.progress=quiet",

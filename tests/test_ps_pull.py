@@ -18,7 +18,8 @@ CLICKS = [
     "--set", "data.source=clicks", "--set", "model.name=logreg", "--rounds", str(ROUNDS),
     "--set", "data.args={features=2000, samples_per_device=200, nnz_per_example=10}",
     "--set", "output.progress=quiet", "--set", "seed=5",
-    "--ranks", "5",  # (4 workers of 2 devices each: working sets well under half the model)
+    "--ranks", "3",  # (2 workers of 4 devices each: each device's working set is well
+    # under half the model)
 ]  # fmt: skip
 WS = ["--set", "ps.pull=working-set"]
 
@@ -50,7 +51,8 @@ def test_working_set_pull_is_bit_identical_with_fewer_bytes_down(runs):
     ws, _ = runs.get("ws", *WS)
     assert ws["model_sha256"] == full["model_sha256"]
     assert ws["rounds_done"] == full["rounds_done"] == ROUNDS
-    assert ws["wire"]["bytes_sent"] < 0.6 * full["wire"]["bytes_sent"]
+    # (a rank is sent its devices' union: about 0.7 of full pulls here, 2 ranks of 4 devices)
+    assert ws["wire"]["bytes_sent"] < 0.75 * full["wire"]["bytes_sent"]
     info = ws["ps"]["working_set"]
     assert info["rejected_devices"] == [] and len(info["rank_keys"]) == ws["workers"]
     assert 0.0 < info["fraction_mean"] < 0.5

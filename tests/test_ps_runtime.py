@@ -1,5 +1,8 @@
-"""Parameter-server pushes over real mpiexec: filtered, compressed updates with key caching;
-a lost cached key list is resolved by a resend, never by applying values to wrong keys."""
+"""Parameter-server pushes through edgefl simulate: filtered, compressed updates with key
+caching; a lost cached key list is resolved by a resend, never by applying values to wrong
+keys. The jobs run in one process (``--backend inline``: the same messages over the
+in-process transport); sparse, filtered pushes with lost key lists over real mpiexec are
+in tests/test_ps_pull.py."""
 
 from __future__ import annotations
 
@@ -7,8 +10,6 @@ import json
 
 import pytest
 from conftest import run_edgefl
-
-pytestmark = pytest.mark.mpi
 
 # a sparse workload: each device's update touches only its working set (the features its
 # data references), the same keys every round, so key caching pays off
@@ -21,13 +22,13 @@ SPARSE = [*CLICKS, "--set", "ps.sparse=true", "--set", "ps.key_cache=true"]
 
 
 def _run(out, *extra):
-    proc = run_edgefl("simulate", "--out", str(out), *extra)
+    proc = run_edgefl("simulate", "--out", str(out), "--backend", "inline", *extra)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def dense(tmp_path_factory, launcher) -> dict:
+def dense(tmp_path_factory) -> dict:
     """The dense-push run both tests compare with (made once)."""
     return _run(tmp_path_factory.mktemp("ps") / "dense", *CLICKS)
 

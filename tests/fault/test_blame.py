@@ -1,7 +1,7 @@
 """Blame the device, not the host (issue 25, F2): a device whose task hangs or kills its host
 is quarantined after its task failed on two ranks; every other device trains every round.
 
-Real ``edgefl simulate`` jobs (the default job, 4 worker ranks) with a ``train.client`` that
+Real ``edgefl simulate`` jobs (the default job, 3 worker ranks) with a ``train.client`` that
 breaks device 2 from model version 3 (tests/hang_client.py):
 
 - it sleeps forever, with ``comm.failure_timeout_s = 5`` (rank silence finds it);
@@ -32,7 +32,7 @@ TESTS = Path(__file__).parent.parent  # (tests/hang_client.py)
 
 def _run(out: Path, *sets: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
     cmd = [sys.executable, "-m", "edgefl", "simulate", "--out", str(out)]
-    for s in ("output.progress=quiet", "fleet.ranks=5", *sets):  # (4 worker ranks)
+    for s in ("output.progress=quiet", "fleet.ranks=4", *sets):  # (3 worker ranks)
         cmd += ["--set", s]
     path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
     t0 = time.monotonic()

@@ -16,25 +16,25 @@ import sys
 import time
 
 import pytest
-from conftest import run_edgefl
 
 IID = ["--set", "data.source=partition", "--set", 'data.args={scheme="iid"}']
 GDDR = ["--set", "algorithm.residual=gddr", "--set", "gddr.checkpoint_every=2"]
 QUIET = ["--set", "output.progress=quiet", "--set", "run.checkpoint_every=0"]
 
 
-def _run(out, *extra):
-    proc = run_edgefl(
-        "simulate", "--out", str(out), "--devices", "8", "--ranks", "5", "--rounds", "40",
-        *IID, *GDDR, *QUIET, *extra,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return json.loads((out / "summary.json").read_text())
-
-
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory, launcher) -> dict:  # (the MPI tests below)
-    return _run(tmp_path_factory.mktemp("gddr-clean") / "run")
+def clean(tmp_path_factory) -> dict:
+    """The same job without the kill, in one process: under the virtual clock the inline
+    backend trains the MPI run's model bit for bit (tests/test_golden_models.py), in a
+    fraction of the start-up."""
+    import edgefl
+
+    sets = {"fleet.devices": 8, "fleet.ranks": 5, "run.rounds": 40,
+            "data.source": "partition", "data.args": {"scheme": "iid"},
+            "algorithm.residual": "gddr", "gddr.checkpoint_every": 2,
+            "output.progress": "quiet", "run.checkpoint_every": 0}  # fmt: skip
+    out = tmp_path_factory.mktemp("gddr-clean") / "run"
+    return edgefl.simulate(overrides=sets, out=out, backend="inline").summary
 
 
 @pytest.mark.mpi

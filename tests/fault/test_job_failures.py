@@ -22,10 +22,10 @@ Scenarios (issue 7), each a short job of 10 devices on 3-4 ranks, 15 BSP rounds,
    1.5x more updates applied for one device than for another (64 ranks take 2-4 minutes
    here, nearly all of it start-up: ``edgefl bench faults`` runs that size).
 
-Under the virtual clock the number of ranks never changes a result, so runs on 3 and 4 ranks
-are compared with one clean run on 3 ranks. Each job takes 7-12 s here (start-up of 3-4
-torch processes on 2 cores), the 24-rank one 60-75 s; every MPI test except the mid-run kill
-is marked slow.
+Under the virtual clock neither the number of ranks nor the backend changes a result, so runs
+on 3 and 4 ranks are compared with one clean run in one process (the inline backend). Each
+MPI job takes 7-12 s here (start-up of 3-4 torch processes on 2 cores); every MPI test
+except the mid-run kill is marked slow.
 """
 
 from __future__ import annotations
@@ -117,11 +117,14 @@ def _text(p) -> str:
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory, launcher) -> dict:
+def clean(tmp_path_factory) -> dict:
+    """The fault-free run in one process (edgefl.simulate, backend inline: under the virtual
+    clock the MPI run's model bit for bit, tests/test_golden_models.py and tests/test_api.py;
+    without three ranks' start-up)."""
+    import edgefl
+
     tmp = tmp_path_factory.mktemp("clean")
-    p = simulate(_config(tmp), tmp / "run")
-    assert p.returncode == 0, _text(p)
-    s = summary(tmp / "run")
+    s = edgefl.simulate(_config(tmp), out=tmp / "run", backend="inline").summary
     assert s["rounds_done"] == ROUNDS and s["failed_ranks"] == {} and s["final_accuracy"] > 0.85
     return s
 
@@ -331,20 +334,10 @@ def test_forgery_storm_changes_nothing(tmp_path, launcher, clean):
     assert s["model_sha256"] == clean["model_sha256"]
 
 
-@pytest.fixture(scope="module")
-def clean_inline(tmp_path_factory) -> dict:
-    """The fault-free run in one process (edgefl.simulate, backend inline: the MPI run's
-    arithmetic, tests/test_api.py)."""
-    import edgefl
-
-    tmp = tmp_path_factory.mktemp("clean-inline")
-    return edgefl.simulate(_config(tmp), out=tmp / "run", backend="inline").summary
-
-
 @pytest.mark.parametrize(
     "aggregation", ["mean", "median", "trimmed-mean", "krum"]
 )  # fmt: skip
-def test_byzantine_signflip(tmp_path, clean_inline, aggregation):
+def test_byzantine_signflip(tmp_path, clean, aggregation):
     """Two devices send sign-flipped, 10x scaled updates (a debug hook of the workers, not
     an MPI behaviour: run in one process)."""
     import edgefl
@@ -355,7 +348,7 @@ def test_byzantine_signflip(tmp_path, clean_inline, aggregation):
         "robust.trim_fraction": 0.2, "robust.krum_f": 2,
     }  # fmt: skip
     r = edgefl.simulate(_config(tmp_path), overrides=sets, out=tmp_path / "run", backend="inline")
-    acc, ref = r.summary["final_accuracy"], clean_inline["final_accuracy"]
+    acc, ref = r.summary["final_accuracy"], clean["final_accuracy"]
     print(f"{aggregation}: {acc:.4f} (clean {ref:.4f})")
     if aggregation == "mean":
         assert acc < ref - 0.2  # visibly broken

@@ -1,12 +1,12 @@
 """Ranks killed or frozen from outside a real ``edgefl simulate`` job (issue 15): their
 devices move to the surviving ranks and the run completes as if nothing happened.
 
-1. One of four worker ranks of the default job is SIGKILLed (``kill(1)`` from this test,
+1. One of the two worker ranks of the default job is SIGKILLed (``kill(1)`` from this test,
    not a debug hook) at a random round: under BSP without GDDR the final model is
    bit-identical to the clean run's, and the next model change follows the kill within 1 s.
 2. (tests/fault/test_gddr_failure.py) The same with GDDR residuals: final accuracy within
    0.3 points of the clean run.
-3. A worker is SIGSTOPped for 30 s with ``comm.failure_timeout_s = 10``: rank 0 declares
+3. A worker is SIGSTOPped for 30 s with ``comm.failure_timeout_s = 5``: rank 0 declares
    it dead, moves its devices (bit-identical model again) and the job exits 0; the healthy
    workers never blame rank 0 (it sends liveness beats while it waits).
 4. One device produces NaN under the Hermes gate: it is quarantined (excluded from
@@ -34,8 +34,8 @@ TESTS = Path(__file__).parent.parent  # (tests/nan_client.py: the broken user cl
 
 def _start(out: Path, *sets: str, env: dict | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "edgefl", "simulate", "--out", str(out)]
-    # 4 worker ranks (fleet.ranks = 5, not the machine's "auto"): the tests name victims 1-4
-    for s in ("output.progress=quiet", "fleet.ranks=5", *sets):
+    # 2 worker ranks (fleet.ranks = 3, not the machine's "auto"): the tests name victims 1-2
+    for s in ("output.progress=quiet", "fleet.ranks=3", *sets):
         cmd += ["--set", s]
     e = {**os.environ, **(env or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
@@ -73,7 +73,7 @@ def _signal_at(p: subprocess.Popen, out: Path, rank: int, at_round: int, sig: in
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory, launcher) -> dict:
-    """The default job without faults (20 BSP rounds, 8 devices, 4 worker ranks), in one
+    """The default job without faults (20 BSP rounds, 8 devices), in one
     process: the inline backend trains the MPI run's model bit for bit
     (tests/test_golden_models.py, tests/test_api.py), in a fraction of the start-up."""
     import edgefl
@@ -88,7 +88,7 @@ def _check_moved(s: dict, victim: int, text: str) -> None:
     assert s["rounds_done"] >= 20 and s["stopped"] == ""  # (GDDR's flush: one more)
     assert list(s["failed_ranks"]) == [str(victim)]
     moved = {m["device"] for m in s["rehosted"]}
-    assert moved == {victim - 1, victim + 3}  # round-robin: rank r hosts r-1 and r+3
+    assert moved == {d for d in range(8) if d % 2 == victim - 1}  # round-robin hosting
     assert all(m["to"] != victim for m in s["rehosted"])
     assert s["failed_devices"] == {}
     assert all(v["rounds"] == 20 for v in s["devices"].values())  # nobody left out
@@ -98,7 +98,7 @@ def _check_moved(s: dict, victim: int, text: str) -> None:
 @MPI
 def test_sigkill_from_outside_is_bit_identical(tmp_path, clean):
     rng = random.Random()
-    victim, at = rng.randint(1, 4), rng.randint(2, 14)
+    victim, at = rng.randint(1, 2), rng.randint(2, 14)
     print(f"SIGKILL rank {victim} after round {at}")
     out = tmp_path / "run"
     # (debug.delay_s: some real time per task, so the kill lands mid-run; the virtual clock,
@@ -118,7 +118,7 @@ def test_sigkill_from_outside_is_bit_identical(tmp_path, clean):
 @MPI
 def test_sigstop_frozen_rank_is_declared_dead(tmp_path, clean):
     out = tmp_path / "run"
-    p = _start(out, "comm.failure_timeout_s=10", "debug.delay_s=0.05")
+    p = _start(out, "comm.failure_timeout_s=5", "debug.delay_s=0.05")
     t0 = time.monotonic()
     pid = None
     _signal_at(p, out, 2, 4, signal.SIGSTOP)
@@ -140,7 +140,7 @@ def test_sigstop_frozen_rank_is_declared_dead(tmp_path, clean):
     s = _summary(out)
     _check_moved(s, 2, text)
     assert s["model_sha256"] == clean["model_sha256"]
-    assert "silent for more than 10 s" in text and "declared dead" in text
+    assert "silent for more than 5 s" in text and "declared dead" in text
     assert "the coordinator (rank 0) is gone" not in text  # healthy workers kept faith
     print(f"SIGSTOP for up to 30 s: job done after {time.monotonic() - t0:.1f} s")
 
@@ -157,5 +157,5 @@ def test_nan_device_is_quarantined_under_the_gate(tmp_path, launcher):
     assert s["rounds_done"] == 20 and s["stopped"] == ""
     q = s["quarantined"]
     assert list(q) == ["3"] and q["3"]["updates"] == 3 and q["3"]["excluded_at"] is not None
-    assert "device 3 (rank 4) task" in text and "device 3 quarantined" in text
+    assert "device 3 (rank 2) task" in text and "device 3 quarantined" in text
     assert s["final_accuracy"] > 0.6
