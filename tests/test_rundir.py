@@ -71,15 +71,18 @@ def summary(run: Path) -> dict:
 
 
 # -------------------------------------------------------------------- F4, from outside
+# (the edgefl simulate command in one process, run.backend = "inline": the run directory,
+# its id and the resume checks are the same under either backend, and MPI's start-up is
+# not what these test; the F9 lock tests below run over mpiexec)
+INLINE = "run.backend=inline"
 
 
-@pytest.mark.mpi
-def test_a_foreign_checkpoint_does_not_overwrite_a_run(tmp_path, launcher):
+def test_a_foreign_checkpoint_does_not_overwrite_a_run(tmp_path):
     a, b, new = tmp_path / "A", tmp_path / "B", tmp_path / "NEW"
     for run, policy in ((a, "asp"), (b, "bsp")):
         proc = run_edgefl(
             "simulate", "--out", str(run), "--rounds", "2",
-            *sets("run.checkpoint_every=1", f"algorithm.consistency={policy}"),
+            *sets(INLINE, "run.checkpoint_every=1", f"algorithm.consistency={policy}"),
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout + proc.stderr
     id_a, id_b = read_run_id(a), read_run_id(b)
@@ -113,12 +116,11 @@ def test_a_foreign_checkpoint_does_not_overwrite_a_run(tmp_path, launcher):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.mpi
-def test_a_checkpoint_without_an_id_still_resumes(tmp_path, launcher):
+def test_a_checkpoint_without_an_id_still_resumes(tmp_path):
     """An older edgefl's run: no run_id file, checkpoints without one. The resume works
     and gives the directory an id, which the new checkpoints carry."""
     run = tmp_path / "old"
-    proc = run_edgefl("simulate", "--out", str(run), "--rounds", "2", *sets())
+    proc = run_edgefl("simulate", "--out", str(run), "--rounds", "2", *sets(INLINE))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ckpt = run / "checkpoints" / "ckpt-000002.h5"
     state = load_checkpoint(ckpt)
