@@ -37,9 +37,12 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..comm.taskflags import ISOLATE, unpack_flags
+
+if TYPE_CHECKING:  # (annotations only)
+    from .coordinator import Coordinator
 
 FLOOR_S = 10.0  # the shortest deadline of the sized watchdog (seconds)
 FACTOR = 10.0  # x the device's slowest observed task
@@ -60,7 +63,7 @@ class TaskWatch:
             (:data:`edgefl.runtime.worker.HOLD_UPDATES`).
     """
 
-    def __init__(self, core: Any, hold: int) -> None:
+    def __init__(self, core: Coordinator, hold: int) -> None:
         self.core = core
         self.hold = hold
         cfg = core.cfg

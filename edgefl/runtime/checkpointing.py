@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,10 +24,13 @@ from . import devstate
 from .rundir import run_identity
 from .state import RESUME_MUST_MATCH, checkpoint_state
 
+if TYPE_CHECKING:  # (annotations only)
+    from .coordinator import Coordinator
+
 log = logging.getLogger("edgefl.coordinator")
 
 
-def save(core: Any, round_: int, rows: list[dict], wall: float, now: float) -> Path:
+def save(core: Coordinator, round_: int, rows: list[dict], wall: float, now: float) -> Path:
     """Write checkpoint ``round_`` of coordinator ``core``; returns its path."""
     path = core.out_dir / "checkpoints" / checkpoint_name(round_)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +66,7 @@ def save(core: Any, round_: int, rows: list[dict], wall: float, now: float) -> P
     return path
 
 
-def _with_lost(core: Any, fresh: dict) -> dict:
+def _with_lost(core: Coordinator, fresh: dict) -> dict:
     """The devices' state just collected, and for devices whose rank is gone (they could
     not move: no rank left, ``fleet.on_failure = "stop"``, no re-hosting) their state of
     the previous checkpoint, so a resume still has it."""
@@ -82,7 +85,7 @@ def _aggregator_state(agg: Any) -> dict:
     return fn() if fn is not None else {}
 
 
-def restore(core: Any, st: dict) -> None:
+def restore(core: Coordinator, st: dict) -> None:
     """Continue coordinator ``core`` (registered and set up) from checkpoint ``st``."""
     old = config_from_toml(st["config_toml"], "checkpoint config")
     for key in RESUME_MUST_MATCH:
@@ -152,7 +155,7 @@ def restore(core: Any, st: dict) -> None:
     core.flight_policy = c["policy"]
 
 
-def _diverged(core: Any, round_: int) -> str:
+def _diverged(core: Coordinator, round_: int) -> str:
     """Why a checkpoint of a diverged run cannot be resumed, and which one can."""
     from ..ckpt import checkpoint_name
 
@@ -168,7 +171,7 @@ def _diverged(core: Any, round_: int) -> str:
     return f"{text}: resume from an earlier checkpoint (run.checkpoint_every) or start again"
 
 
-def _another_chance(core: Any) -> None:
+def _another_chance(core: Coordinator) -> None:
     """A run that stopped because every device was quarantined (a NaN loss everywhere, say)
     could not go on from its checkpoint at all: resumed, its devices get another chance."""
     q = core.quarantine
@@ -184,7 +187,7 @@ def _another_chance(core: Any) -> None:
 
 
 # -- tasks in flight ------------------------------------------------------------------------
-def _flight(core: Any) -> dict | None:
+def _flight(core: Coordinator) -> dict | None:
     """What is under way when a checkpoint of a new model version is written (inside the
     apply): the decision still to carry out, the tasks in flight (their TRAINs, the model
     versions they started from), the clock's pending events, the gated uploads held here and
@@ -224,7 +227,7 @@ def _message_state(m: Any) -> dict:
             "payload": np.array(m.payload) if m.payload is not None else None}  # fmt: skip
 
 
-def resume_flight(core: Any) -> Any:
+def resume_flight(core: Coordinator) -> Any:
     """A resume whose checkpoint was taken at an apply: put the tasks in flight back (their
     clock events as they were, their TRAINs sent again with the model version each started
     from) and return the decision the interrupted run was carrying out; None otherwise
@@ -288,7 +291,7 @@ def resume_flight(core: Any) -> Any:
     return Decision(dispatch=list(p["dispatch"]), dropped=list(p["dropped"]), timer=timer)
 
 
-def _restore_buffer(core: Any, buffered: dict) -> None:
+def _restore_buffer(core: Coordinator, buffered: dict) -> None:
     """The policy's buffered updates (FedBuff), with their deltas."""
     if not buffered or not hasattr(core.policy, "buffered_tasks"):
         return

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..ckpt.plan import Node, plan_state, rebuild_state
 from ..comm import Kind
 from ..errors import EdgeflError
+
+if TYPE_CHECKING:  # (annotations only)
+    from .coordinator import Coordinator
 
 
 def encode(state: dict[str, Any]) -> np.ndarray:
@@ -67,7 +70,7 @@ def decode(buf: np.ndarray) -> dict[str, Any]:
 
 
 # -- rank 0 ---------------------------------------------------------------------------------
-def collect(core: Any) -> dict[str, dict[str, dict]]:
+def collect(core: Coordinator) -> dict[str, dict[str, dict]]:
     """Ask every live worker rank for its devices' plugin state: ``{plugin: {device: st}}``
     (empty when no worker half keeps per-device state). Task answers that come in meanwhile
     are kept for the event loop."""
@@ -125,7 +128,7 @@ def collect(core: Any) -> dict[str, dict[str, dict]]:
     return out
 
 
-def _keep_earlier(core: Any, out: dict, ranks: set[int]) -> None:
+def _keep_earlier(core: Coordinator, out: dict, ranks: set[int]) -> None:
     """Fill in the devices of ``ranks`` (given up on) from the previous checkpoint's state."""
     devs = {str(d) for d, v in core.devices.items() if v["rank"] in ranks}
     for name, per in (getattr(core, "device_states", None) or {}).items():
@@ -134,7 +137,7 @@ def _keep_earlier(core: Any, out: dict, ranks: set[int]) -> None:
                 out.setdefault(name, {})[d] = st
 
 
-def restore(core: Any, saved: dict[str, dict[str, dict]]) -> None:
+def restore(core: Coordinator, saved: dict[str, dict[str, dict]]) -> None:
     """Send every worker rank its devices' saved plugin state (resume)."""
     if not core.worker_state:
         return

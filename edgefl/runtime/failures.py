@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..policies.consistency import Decision
 from . import rehost
 
+if TYPE_CHECKING:  # (annotations only)
+    from .coordinator import Coordinator
+
 log = logging.getLogger("edgefl.coordinator")
 
 
-def rank_failed(core: Any, rank: int, now: float) -> Decision:
+def rank_failed(core: Coordinator, rank: int, now: float) -> Decision:
     """A rank died (ULFM or time-out): a server rank goes to the backend; a worker's
     devices move to the surviving ranks (re-hosting) or are dead from ``now``, their tasks
     lost. A task that was running on two ranks that failed quarantines its device
@@ -69,7 +72,7 @@ def rank_failed(core: Any, rank: int, now: float) -> Decision:
     return dec
 
 
-def record(core: Any, rank: int, now: float) -> None:
+def record(core: Coordinator, rank: int, now: float) -> None:
     """Book worker ``rank`` as failed at ``now`` (summary.json ``failed_ranks``, a
     ``failed`` event)."""
     core.failed_ranks[rank] = now
@@ -77,7 +80,7 @@ def record(core: Any, rank: int, now: float) -> None:
     core.log_event("failed", now, -1, -1, rank=rank)
 
 
-def no_rank_left(core: Any, now: float) -> Decision:
+def no_rank_left(core: Coordinator, now: float) -> Decision:
     """Every worker rank has failed: record them all, say so in one line, stop (status 3;
     the run's end writes the checkpoint a resume continues from)."""
     gone = sorted(r for r in core.workers if r in core.t.failed or r in core.failed_ranks)
@@ -95,7 +98,7 @@ def no_rank_left(core: Any, now: float) -> Decision:
     return Decision()
 
 
-def late(core: Any) -> None:
+def late(core: Coordinator) -> None:
     """As the run ends (after its last round or an early stop): ranks found dead since the
     event loop's last event, or while the workers were told to stop, go into
     ``failed_ranks`` and events.jsonl too; nothing moves any more."""
@@ -110,7 +113,7 @@ def late(core: Any) -> None:
         print(f"edgefl: rank {r} failed as the run ended; nothing to move", flush=True)
 
 
-def exclude(core: Any, d: int, task: int, why: str, now: float) -> Decision:
+def exclude(core: Coordinator, d: int, task: int, why: str, now: float) -> Decision:
     """Quarantine device ``d`` for ``why`` (its task ``task`` hung or killed its host
     twice): it gets no more tasks, its task in flight is dropped (not run again). Returns
     the policy's decision on the lost task."""
@@ -138,7 +141,7 @@ def _merge(dec: Decision, nxt: Decision) -> None:
     dec.timer = dec.timer or nxt.timer
 
 
-def dead(core: Any, d: int, now: float) -> bool:
+def dead(core: Coordinator, d: int, now: float) -> bool:
     """Has device ``d`` died (crashed) by ``now``? (virtual clock: from its profile)"""
     if d in core.failed:
         return True
@@ -150,7 +153,7 @@ def dead(core: Any, d: int, now: float) -> bool:
     return False
 
 
-def quarantine(core: Any, d: int, task: int, what: str, msg: Any) -> None:
+def quarantine(core: Coordinator, d: int, task: int, what: str, msg: Any) -> None:
     """A non-finite loss or update of ``d``: excluded from aggregation (logged, counted in
     summary.json ``quarantined``); after ``fleet.quarantine_after`` in a row the device gets
     no more tasks (:meth:`Coordinator.available`). The run goes on. Returns None (no

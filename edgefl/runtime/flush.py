@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..comm import Kind, Message
 from ..comm.taskflags import FLUSH
@@ -13,8 +13,11 @@ from ..errors import EdgeflError
 from ..policies.consistency import Apply, Arrival
 from .events import ARRIVE
 
+if TYPE_CHECKING:  # (annotations only)
+    from .coordinator import Coordinator
 
-def flush(core: Any) -> None:
+
+def flush(core: Coordinator) -> None:
     """End of training: every live device whose plugin holds mass back (a residual, a
     filter) sends it; it is applied with the devices' FedAvg weights, so nothing
     produced is lost. Updates of tasks still out count too."""
@@ -55,7 +58,7 @@ def flush(core: Any) -> None:
         core.apply(Apply("terms", got, [core.policy.weight(a.device) for a in got]), now)
 
 
-def wait_for(core: Any, key: tuple[int, int], limit_s: float | None = None) -> Message:
+def wait_for(core: Coordinator, key: tuple[int, int], limit_s: float | None = None) -> Message:
     """The answer to task ``key`` = (device, task), waiting for it. Raises EdgeflError
     after ``limit_s`` seconds (default ``comm.failure_timeout_s``; 0 = no limit) or
     when the device's rank fails meanwhile."""
@@ -74,7 +77,9 @@ def wait_for(core: Any, key: tuple[int, int], limit_s: float | None = None) -> M
     return core.ev.stash.pop(key)
 
 
-def final_arrival(core: Any, key: tuple[int, int], msg: Message, now: float) -> list[Arrival]:
+def final_arrival(
+    core: Coordinator, key: tuple[int, int], msg: Message, now: float
+) -> list[Arrival]:
     """A message collected at the end (the flush): as an Arrival, or none."""
     d = key[0]
     if msg.kind == Kind.REPORT:

@@ -6,7 +6,7 @@ its :class:`edgefl.sim.timeline.Timeline`."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..algorithms.base import TaskSpec
 from ..comm import Message
@@ -14,10 +14,13 @@ from ..comm.wire import HEADER_BYTES
 from ..sim.clock import plan_task
 from .events import ARRIVE, LOST, PUSH
 
+if TYPE_CHECKING:  # (annotations only)
+    from .coordinator import Coordinator
+
 log = logging.getLogger("edgefl.coordinator")
 
 
-def plan(core: Any, d: int, task: int, now: float, spec: TaskSpec, download: bool) -> bool:
+def plan(core: Coordinator, d: int, task: int, now: float, spec: TaskSpec, download: bool) -> bool:
     """Plan an iteration on the virtual clock (no-op on the wall clock); False if it
     is lost (the device goes offline or dies first: nothing is sent)."""
     if not core.virtual:
@@ -38,7 +41,7 @@ def plan(core: Any, d: int, task: int, now: float, spec: TaskSpec, download: boo
     return True
 
 
-def observed(core: Any, d: int, dispatched: float, arrived: float, seconds: float) -> None:
+def observed(core: Coordinator, d: int, dispatched: float, arrived: float, seconds: float) -> None:
     """Wall clock: device ``d``'s update, dispatched at ``dispatched`` and taken in at
     ``arrived`` (seconds since the start of the run), measured ``seconds`` of compute (the
     worker's ``aux[2]``). Books the compute interval ending at the arrival (never before
@@ -50,7 +53,7 @@ def observed(core: Any, d: int, dispatched: float, arrived: float, seconds: floa
     core.timeline.add(d, "compute", start, arrived)
 
 
-def plan_push(core: Any, d: int, task: int, now: float, msg: Message) -> None:
+def plan_push(core: Coordinator, d: int, task: int, now: float, msg: Message) -> None:
     """A gated device pushes at ``now``: its update arrives after the upload."""
     prof = core.profiles[d]
     arrive = now + prof.up_s(HEADER_BYTES + msg.nbytes)
@@ -65,7 +68,7 @@ def plan_push(core: Any, d: int, task: int, now: float, msg: Message) -> None:
     core.ev.schedule(arrive, PUSH, d, task)
 
 
-def work(core: Any, d: int, spec: TaskSpec) -> int:
+def work(core: Coordinator, d: int, spec: TaskSpec) -> int:
     """Training samples one iteration of device ``d`` processes."""
     c = core.cfg["train"]
     n = min(core.n_train[d], spec.samples or core.n_train[d])
@@ -75,7 +78,7 @@ def work(core: Any, d: int, spec: TaskSpec) -> int:
     return c["local_epochs"] * n
 
 
-def calibrate(core: Any) -> float:
+def calibrate(core: Coordinator) -> float:
     """Measure this machine's seconds per training sample once (sim.reference_s_per_sample
     = 0); the figure goes into the checkpoints and summary.json."""
     import copy

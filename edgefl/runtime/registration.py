@@ -6,7 +6,7 @@ import json
 import logging
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..comm import Kind
 from ..errors import EdgeflError
@@ -14,10 +14,13 @@ from ..kernels import differences
 from .events import WorkerFailed, error_text
 from .placement import devices_of_rank
 
+if TYPE_CHECKING:  # (annotations only)
+    from .coordinator import Coordinator
+
 log = logging.getLogger("edgefl.coordinator")
 
 
-def register(core: Any) -> None:
+def register(core: Coordinator) -> None:
     """Wait for every worker's REGISTER and check it hosts the expected devices; then
     set up the run (policy, clocks, plugins) so that :meth:`restore` can load into it."""
     timeout = core.cfg["comm"]["register_timeout_s"]
@@ -48,7 +51,7 @@ def register(core: Any) -> None:
         p.on_registered()
 
 
-def check_numerics(core: Any) -> None:
+def check_numerics(core: Coordinator) -> None:
     """Warn (one line per rank) about a rank whose kernels compute differently from rank 0's
     (another CPU capability, MKL path, thread count or torch: :mod:`edgefl.kernels`); such
     a rank's devices train a model that is not bit-identical to other machines' runs. The
@@ -65,7 +68,7 @@ def check_numerics(core: Any) -> None:
             )  # fmt: skip
 
 
-def rehost_numerics(core: Any, d: int, old: int, new: int) -> None:
+def rehost_numerics(core: Coordinator, d: int, old: int, new: int) -> None:
     """Warn when device ``d`` moves from rank ``old`` to a rank ``new`` whose numerics
     differ: from then on it trains as the new host's CPU computes."""
     a = core.rank_info.get(old, {}).get("numerics")
@@ -78,7 +81,7 @@ def rehost_numerics(core: Any, d: int, old: int, new: int) -> None:
         )  # fmt: skip
 
 
-def _write_ranks(core: Any) -> None:
+def _write_ranks(core: Coordinator) -> None:
     """``ranks.json`` in the run directory: every rank's host, pid and devices (what a user
     or a test needs to signal one rank from outside)."""
     if core.out_dir is None:
@@ -94,7 +97,7 @@ def _write_ranks(core: Any) -> None:
     os.replace(tmp, core.out_dir / "ranks.json")
 
 
-def register_worker(core: Any, rank: int, info: dict) -> None:
+def register_worker(core: Coordinator, rank: int, info: dict) -> None:
     expect = devices_of_rank(rank, core.num_devices, core.t.size, core.server.servers)
     got = [d["id"] for d in info["devices"]]
     if got != expect:

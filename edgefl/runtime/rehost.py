@@ -32,12 +32,15 @@ behaviour (the devices die with the rank) because their per-rank state cannot mo
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..comm import Kind
 from ..comm.taskflags import CONTINUE, ISOLATE, REFRESH, pack_flags, unpack_flags
 from .devstate import RUNTIME, encode
 from .registration import rehost_numerics
+
+if TYPE_CHECKING:  # (annotations only)
+    from .coordinator import Coordinator
 
 log = logging.getLogger("edgefl.coordinator")
 
@@ -50,7 +53,7 @@ def enabled(cfg: dict) -> bool:
     return mode == "on"
 
 
-def supported(core: Any) -> bool:
+def supported(core: Coordinator) -> bool:
     """Can this run move devices between ranks? (A warning says why not.)"""
     why = unsupported(core)
     if why:
@@ -58,7 +61,7 @@ def supported(core: Any) -> bool:
     return not why
 
 
-def unsupported(core: Any) -> str:
+def unsupported(core: Coordinator) -> str:
     """Why this run cannot move devices between ranks ("" when it can)."""
     if core.server.servers:
         return "ps.servers > 0 (the devices' pulls are per rank)"
@@ -74,14 +77,14 @@ def choose_host(hosted: dict[int, int], survivors: list[int]) -> int:
     return min(survivors, key=lambda r: (hosted.get(r, 0), r))
 
 
-def survivors(core: Any, dead_rank: int) -> list[int]:
+def survivors(core: Coordinator, dead_rank: int) -> list[int]:
     """Worker ranks still alive (not failed, not the one dying now)."""
     gone = set(core.t.failed) | set(core.failed_ranks) | {dead_rank}
     return [r for r in core.workers if r not in gone]
 
 
 def move_devices(
-    core: Any, rank: int, devs: list[int], now: float
+    core: Coordinator, rank: int, devs: list[int], now: float
 ) -> tuple[dict[int, int], list[int]]:
     """Move ``devs`` of dead ``rank`` to surviving ranks. Returns (device -> new rank, the
     devices whose task in flight was lost instead of re-run: the caller tells the policy).
@@ -103,7 +106,7 @@ def move_devices(
     return moved, lost
 
 
-def _host(core: Any, d: int, old: int, new: int, now: float) -> None:
+def _host(core: Coordinator, d: int, old: int, new: int, now: float) -> None:
     """Tell ``new`` to host ``d`` from now on, with its latest checkpointed state."""
     saved = getattr(core, "device_states", None) or {}
     state = {name: devs[str(d)] for name, devs in saved.items() if str(d) in devs}
@@ -121,7 +124,7 @@ def _host(core: Any, d: int, old: int, new: int, now: float) -> None:
     core.log_event("rehost", now, d, -1, rank=new)
 
 
-def _rerun(core: Any, d: int, now: float) -> bool:
+def _rerun(core: Coordinator, d: int, now: float) -> bool:
     """Send ``d``'s task in flight again, to its new rank (see the module docstring).
     False when the task is lost instead (its start model is no longer held)."""
     if d not in core.inflight:

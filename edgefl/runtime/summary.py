@@ -9,7 +9,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +20,9 @@ from ..models.train import evaluate
 from .output import summary_table
 from .rundir import read_run_id
 
+if TYPE_CHECKING:  # (annotations only)
+    from .coordinator import Coordinator
+
 log = logging.getLogger("edgefl.coordinator")
 
 
@@ -28,7 +31,7 @@ def new_period() -> dict:
     return {"bytes_up": 0, "bytes_down": 0, "msgs_up": 0, "msgs_down": 0, "iterations": 0}
 
 
-def round_row(core: Any, arr: list, now: float) -> dict:
+def round_row(core: Coordinator, arr: list, now: float) -> dict:
     """The metrics row of the version ``core`` just made from arrivals ``arr``; evaluates
     the global model on the test set when due (``run.eval_every``, ``run.eval_every_s``)."""
     cfg = core.cfg
@@ -55,7 +58,7 @@ def round_row(core: Any, arr: list, now: float) -> dict:
     return row
 
 
-def finish(core: Any, rows: list[dict], rounds_done: int, wall: float, end: float) -> None:
+def finish(core: Coordinator, rows: list[dict], rounds_done: int, wall: float, end: float) -> None:
     """Print the summary table and the final accuracy; write summary.json and the model."""
     stats = core.t.stats
     for d, frac in core.timeline.idle.items():
@@ -141,7 +144,7 @@ def write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def record_row(core: Any, arr: list, now: float) -> None:
+def record_row(core: Coordinator, arr: list, now: float) -> None:
     """Append the new version's metrics row, show progress, decide an early stop, and write
     the checkpoint when one is due."""
     cfg = core.cfg

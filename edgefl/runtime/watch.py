@@ -28,9 +28,12 @@ import os
 import signal
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..comm import Kind
+
+if TYPE_CHECKING:  # (annotations only)
+    from .coordinator import Coordinator
 
 log = logging.getLogger("edgefl.coordinator")
 
@@ -49,7 +52,7 @@ class RankWatch:
         comm: the ``[comm]`` config table (``failure_timeout_s``, ``straggler_warn_s``).
     """
 
-    def __init__(self, core: Any, comm: dict) -> None:
+    def __init__(self, core: Coordinator, comm: dict) -> None:
         self.core = core
         self.timeout_s = float(comm["failure_timeout_s"])
         self.warn_s = float(comm["straggler_warn_s"])

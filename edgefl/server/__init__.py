@@ -13,10 +13,13 @@ how many bytes a download and an upload move, and to apply a model change.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (annotations only)
+    from ..runtime.coordinator import Coordinator
 
 
-def make_server(core: Any):
+def make_server(core: Coordinator):
     """The coordinator-side backend for the config of ``core``."""
     if core.cfg["ps"]["servers"] > 0:
         from .sharded import ShardedServer

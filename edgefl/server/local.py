@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..comm.wire import HEADER_BYTES
 from ..policies.consistency import Apply, Decision
+
+if TYPE_CHECKING:  # (annotations only)
+    from ..runtime.coordinator import Coordinator
 
 
 class LocalServer:
@@ -21,7 +24,7 @@ class LocalServer:
     first_worker = 1  # the lowest worker rank
     remote_updates = False  # updates reach rank 0 (not only their headers)
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: Coordinator) -> None:
         self.core = core
         self.agg_buf = np.empty_like(core.global_model)
 

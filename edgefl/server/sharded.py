@@ -14,7 +14,7 @@ import copy
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from .kinds import (
 from .local import LocalServer
 from .shard import fail_over, opt_slots
 
+if TYPE_CHECKING:  # (annotations only)
+    from ..runtime.coordinator import Coordinator
+
 log = logging.getLogger("edgefl.coordinator")
 
 
@@ -46,7 +49,7 @@ class ShardedServer(LocalServer):
     # rank starts; edgefl/runtime/policies.py, docs/composition.md)
     requires = SHARD_NEEDS
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: Coordinator) -> None:
         super().__init__(core)
         cfg = core.cfg
         self.servers = cfg["ps"]["servers"]
