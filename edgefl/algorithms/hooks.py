@@ -147,10 +147,9 @@ def table_markdown(classes: list[type[Plugin]]) -> str:
     and which of ``classes`` (the built-ins: ``edgefl.algorithms.builtin_classes()``)
     override it."""
     used = users(classes)
-    sig = {side: base for side, base in _BASES.items()}
     lines = ["| hook | side | mode | when | built-in users |", "|---|---|---|---|---|"]
     for h in HOOKS:
-        params = list(inspect.signature(getattr(sig[h.side], h.name)).parameters)[1:]
+        params = list(inspect.signature(getattr(_BASES[h.side], h.name)).parameters)[1:]
         who = ", ".join(used[(h.side, h.name)]) or "-"
         lines.append(
             f"| `{h.name}({', '.join(params)})` | {h.side} | {h.mode} | {h.when} | {who} |"
