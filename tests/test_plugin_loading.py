@@ -3,6 +3,7 @@ any rank starts with one line naming the key, never a traceback (no MPI)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
 
@@ -101,3 +102,22 @@ def test_register_kind_refuses_a_taken_code_or_name_and_is_idempotent():
         register_kind("X", 7, "down", {DType.INT32}, "any")
     with pytest.raises(ValueError, match="name TEST_TALLY is taken"):
         register_kind("TEST_TALLY", 65, "up", {DType.FLOAT64}, "any")
+
+
+def test_every_plugin_module_imports_first_in_a_fresh_interpreter():
+    """A user's script may import a built-in's module before anything else of edgefl (e.g.
+    ``from edgefl.algorithms.hermes.plugin import Hermes``): that must not meet a
+    half-initialised config module (the schema is built from the plugins' sections)."""
+    code = (
+        "import importlib, sys\n"
+        "from edgefl.algorithms import BUILTIN\n"
+        "mods = sorted({'edgefl.algorithms.' + s.partition(':')[0] for s in BUILTIN})\n"
+        "for m in mods + ['edgefl.config.fields', 'edgefl.algorithms.hooks']:\n"
+        "    for k in [k for k in sys.modules if k.startswith('edgefl')]:\n"
+        "        del sys.modules[k]\n"
+        "    importlib.import_module(m)\n"
+        "print(len(mods))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout) >= 10
