@@ -170,3 +170,8 @@ def run_loopback_job(cfg: dict, ranks: int, *, shard_cls=None, coordinator_cls=N
     for th in threads:
         th.join(timeout=60)
     return coord, statuses
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one test process per core, at most 4 (each test may start MPI ranks)."""
+    return max(1, min(4, os.cpu_count() or 1))

@@ -67,12 +67,13 @@ class _RecorderWorker(WorkerPlugin):
         with _LOCK:
             REC["start"].append((d, job.task, _bufs(job.model)))
 
-    def send_update(self, d, job, delta):
+    def encode(self, up, job):
+        if up.flush:
+            return
         flat = job.flat
         with _LOCK:
-            REC["end"].append((d, job.task, _bufs(job.model), job.aux[0]))
-            REC["delta"].append((d, delta[flat.buffer_slice].copy()))
-        return False
+            REC["end"].append((up.device, job.task, _bufs(job.model), up.aux[0]))
+            REC["delta"].append((up.device, up.delta[flat.buffer_slice].copy()))
 
 
 class Recorder(Plugin):

@@ -276,7 +276,7 @@ def test_fedprox_with_mu_zero_is_fedavg_bit_for_bit():
 
 
 def test_proximal_hook_is_the_gradient_of_the_proximal_term():
-    from edgefl.algorithms.fedprox.proximal import proximal_hook
+    from edgefl.algorithms.fedprox import proximal_hook
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)

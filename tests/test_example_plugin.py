@@ -52,8 +52,8 @@ def test_coordinator_half_counts_norms_and_checkpoints(us, tmp_path):
     deltas = {0: np.array([0.0, 0.5]), 1: np.array([3.0, 4.0])}  # norms 0.5 and 5
     ap = Apply("aggregate", [_arrival(d, x) for d, x in deltas.items()])
     before = [a.delta.copy() for a in ap.arrivals]
-    p.on_model_step(ap)
-    p.on_model_step(Apply("mix", [_arrival(1, np.array([0.0, 1.0]))], [0.5]))
+    p.after_apply(ap, 0.0)
+    p.after_apply(Apply("mix", [_arrival(1, np.array([0.0, 1.0]))], [0.5]), 1.0)
     assert all(np.array_equal(a.delta, b) for a, b in zip(ap.arrivals, before))  # read only
     s = p.summary()["update_stats"]
     assert s["updates"] == 3 and s["over_warn_norm"] == 2  # 5 and 1; 0.5 is not above 0.5

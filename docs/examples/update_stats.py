@@ -52,10 +52,10 @@ class UpdateStatsCoordinator(CoordinatorPlugin):
         # device id (a str: checkpoint keys are strings) -> its counters
         self.devices: dict[str, dict] = {}
 
-    def on_model_step(self, ap) -> None:
-        # After the server step, before the version counts: ``ap.arrivals`` are the updates
-        # this model change used, with their dense deltas (float32). Any mode (aggregate,
-        # terms, FedAsync's mix). Read them; never write to them.
+    def after_apply(self, ap, now: float) -> None:
+        # After the server step and the version count: ``ap.arrivals`` are the updates this
+        # model change used, with their dense deltas (float32). Any mode (aggregate, terms,
+        # FedAsync's mix). Read them; never write to them. ``now``: the run's clock (s).
         for a in ap.arrivals:
             if a.delta is None:  # (not at rank 0; check_config refuses ps.servers > 0)
                 continue

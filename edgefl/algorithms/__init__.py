@@ -1,7 +1,8 @@
-"""Algorithms as plugins: one package per algorithm, loaded by the runtime core.
+"""Algorithms as plugins: one package or module per algorithm, loaded by the runtime core.
 
-Each built-in algorithm lives in its own package here, with its pure modules (no MPI), its
-coordinator half, its worker half and its config check side by side:
+A big built-in algorithm lives in its own package here, with its pure modules (no MPI),
+its coordinator half, its worker half and its config check side by side; a small one is
+one module holding both halves, its config section and its plugin class:
 
 - :mod:`edgefl.algorithms.hermes`: HermesGUP gate, dynamic allocation, loss-weighted
   aggregation, the WI / API metrics;
@@ -10,7 +11,8 @@ coordinator half, its worker half and its config check side by side:
 - :mod:`edgefl.algorithms.ps`: parameter-server pushes and pulls (filters, compression,
   key caching, working-set pulls);
 - :mod:`edgefl.algorithms.robust`: the norm-bound update filter;
-- :mod:`edgefl.algorithms.fedprox`: FedProx's proximal term on local training;
+- :mod:`edgefl.algorithms.fedprox`: FedProx's proximal term on local training (one module:
+  a small algorithm holds both halves and its config section in one file);
 - :mod:`edgefl.algorithms.scaffold`: SCAFFOLD's server and client control variates;
 - :mod:`edgefl.algorithms.fedeval`: federated (per-device) evaluation with user metrics.
 
@@ -29,8 +31,9 @@ from .context import CoordinatorContext, WorkerContext
 from .hooks import check_owners
 
 # The registry: the built-in plugins, "module:Class" under edgefl.algorithms. Adding a
-# built-in is its package and one line here: its config section (the package's config.py,
-# SECTIONS) reaches the schema through config_sections. The order of the lines gives the
+# built-in is its package (or module) and one line here: its config section (a package's
+# config.py SECTIONS, a one-module algorithm's own) reaches the schema through
+# config_sections. The order of the lines gives the
 # order of the config sections (docs/configuration.md) and nothing else: hooks run in
 # each class's declared ``order`` (tests/test_builtin_order.py shuffles this tuple and
 # checks that no golden model changes).
@@ -42,7 +45,7 @@ BUILTIN = (
     "robust.plugin:NormBound",
     "dp.plugin:DP",
     "fedeval.plugin:FederatedEvaluation",
-    "fedprox.plugin:FedProx",
+    "fedprox:FedProx",
     "scaffold.plugin:Scaffold",
     "fedbn.plugin:ModelBuffers",
     "fedbn.plugin:FedBN",
@@ -50,21 +53,32 @@ BUILTIN = (
 )
 
 
+def _config_module(spec: str) -> str | None:
+    """Where a built-in's ``SECTIONS`` live: a package's ``config`` module, or the module
+    itself for a one-module algorithm (``"fedprox:FedProx"``)."""
+    mod = spec.partition(":")[0]
+    if "." in mod:
+        return f"{__name__}.{mod.partition('.')[0]}.config"
+    return f"{__name__}.{mod}"
+
+
 def config_sections() -> dict[str, Any]:
     """The config sections of the built-in plugins: each package's ``config.py``
-    ``SECTIONS`` (a package without one has none), in BUILTIN order. The schema takes them
-    through the entry point ``edgefl.config_sections`` (setup.cfg), so the config layer
-    names no plugin; only the light config modules are imported here (no plugin halves,
-    no torch)."""
+    ``SECTIONS`` (a package without one has none), or a one-module algorithm's own
+    ``SECTIONS``, in BUILTIN order. The schema takes them through the entry point
+    ``edgefl.config_sections`` (setup.cfg), so the config layer names no plugin; only
+    light modules are imported here (no torch: a one-module algorithm imports it where a
+    task needs it)."""
     out: dict[str, Any] = {}
-    for pkg in dict.fromkeys(spec.partition(".")[0] for spec in BUILTIN):
-        name = f"{__name__}.{pkg}.config"
+    for name in dict.fromkeys(_config_module(spec) for spec in BUILTIN):
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:
             if e.name == name:
                 continue
             raise
+        if not hasattr(mod, "SECTIONS"):
+            continue
         for section, fields in mod.SECTIONS.items():
             if section in out:
                 raise ImportError(f"config section [{section}] is declared by two packages")

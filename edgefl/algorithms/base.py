@@ -89,6 +89,9 @@ class LocalJob:
             (plugins add loss penalties and gradient hooks to it in ``before_train``).
         metrics: the client's metrics of the task (by name), once trained.
         flat: ``model``'s :class:`~edgefl.models.flat.FlatParams` view (offsets, buffers).
+        new_model: the task starts from a global model: always without a gate; with a
+            gate (Hermes) when the device adopted a new global model for it (its first
+            task after a push, or a REFRESH), not when it goes on from its own.
     """
 
     device: int
@@ -105,6 +108,85 @@ class LocalJob:
     fit_ctx: Any = None
     metrics: dict = field(default_factory=dict)
     flat: Any = None
+    new_model: bool = False
+
+
+@dataclass
+class Upload:
+    """One task's update on its way out of a worker, through the worker plugins'
+    :meth:`WorkerPlugin.encode` chain (the worker side of the update pipeline; rank 0's
+    side is ``decode`` by the message kind's owner, then the ``transform`` chain).
+
+    A plugin either edits ``delta`` in place (a dense transform: FedBN zeroes its buffers)
+    or encodes the update (:meth:`encode`: a kind, a payload and an aux of its own; GDDR's
+    residual, the parameter server's sparse push, SCAFFOLD's control variate). At most one
+    plugin encodes an upload; the core then sends the one message, else the dense
+    ``delta`` as an UPDATE.
+
+    Args:
+        device: device id.
+        task: the task the update answers (its TRAIN's task number).
+        delta: the dense model change (float32, ``numel`` values; the core's buffer: edit
+            it in place, do not keep it; an encoded payload may be ``delta`` itself or a
+            view of it: the core keeps the buffer until the message left).
+        aux: the UPDATE's aux: (training samples, loss, seconds, local iterations).
+        flush: the end of training (a FLUSH task): ``delta`` is all zeros and the plugin
+            that holds mass back (a residual, a filter) encodes what it holds.
+    """
+
+    device: int
+    task: int
+    delta: np.ndarray
+    aux: tuple
+    flush: bool = False
+    kind: int | None = None  # (kind, payload, by: set by encode)
+    payload: np.ndarray | None = None
+    by: str = ""
+
+    def encode(self, by: str, kind: int, payload: np.ndarray, aux: tuple | None = None) -> None:
+        """Send ``payload`` as a message of ``kind`` (a kind ``by``'s plugin registered, or
+        UPDATE) instead of the dense delta; ``aux`` replaces the UPDATE's aux. Raises
+        RuntimeError when another plugin already encoded this upload (two encoders of one
+        update would silently drop one)."""
+        if self.by:
+            raise RuntimeError(
+                f"device {self.device} task {self.task}: plugins '{self.by}' and '{by}' "
+                "both encode the update (one plugin encodes an update)"
+            )
+        self.by, self.kind, self.payload = by, int(kind), payload
+        if aux is not None:
+            self.aux = tuple(aux)
+
+
+@dataclass
+class Download:
+    """The model on its way to a worker rank, through the rank-0 plugins'
+    :meth:`CoordinatorPlugin.send_model` chain: a plugin sends what must precede the model
+    (SCAFFOLD's control variate) with ``ctx.send``, or sends the model in a form of its own
+    (:meth:`encode`: the parameter server's working-set values). At most one plugin encodes
+    a download; the core then sends that message, else the whole model (MODEL).
+
+    Args:
+        rank: the worker rank.
+        version: the model version sent.
+    """
+
+    rank: int
+    version: int
+    kind: int | None = None  # (kind, payload, aux, by: set by encode)
+    payload: np.ndarray | None = None
+    aux: tuple = ()
+    by: str = ""
+
+    def encode(self, by: str, kind: int, payload: np.ndarray, aux: tuple = ()) -> None:
+        """Send ``payload`` as a message of ``kind`` instead of the whole model. Raises
+        RuntimeError when another plugin already encoded this download."""
+        if self.by:
+            raise RuntimeError(
+                f"model to rank {self.rank}: plugins '{self.by}' and '{by}' both encode it "
+                "(one plugin encodes a download)"
+            )
+        self.by, self.kind, self.payload, self.aux = by, int(kind), payload, tuple(aux)
 
 
 class CoordinatorPlugin:
@@ -126,10 +208,7 @@ class CoordinatorPlugin:
 
     def shape_task(self, d: int, spec: TaskSpec) -> None: ...
 
-    def on_model_send(self, rank: int) -> None: ...
-
-    def send_model(self, rank: int) -> bool:
-        return False
+    def send_model(self, down: Download) -> None: ...
 
     def down_bytes(self, d: int) -> int | None:
         return None
@@ -146,8 +225,6 @@ class CoordinatorPlugin:
 
     def aggregate(self, ap: Apply) -> np.ndarray | None:
         return None
-
-    def on_model_step(self, ap: Apply) -> None: ...
 
     def after_apply(self, ap: Apply, now: float) -> None: ...
 
@@ -185,8 +262,6 @@ class WorkerPlugin:
 
     def on_message(self, msg: Message) -> None: ...
 
-    def new_model(self, d: int) -> None: ...
-
     def gate(self, d: int, job: LocalJob, holdout: Any, iterations: int) -> tuple | None:
         return None
 
@@ -197,11 +272,7 @@ class WorkerPlugin:
 
     def after_train(self, d: int, job: LocalJob) -> None: ...
 
-    def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
-        return False
-
-    def flush(self, d: int, task: int) -> bool:
-        return False
+    def encode(self, up: Upload, job: LocalJob | None) -> None: ...
 
     def device_state(self, d: int) -> dict:
         return {}

@@ -93,7 +93,7 @@ class CoordinatorContext(_Both):
     @abstractmethod
     def add_to_model(self, indices: np.ndarray, values: np.ndarray) -> None:
         """``global_model[indices] += values`` (float32): mass a plugin adds to the model
-        during :meth:`~edgefl.algorithms.base.CoordinatorPlugin.on_model_step`."""
+        in :meth:`~edgefl.algorithms.base.CoordinatorPlugin.after_apply` (GDDR's replay)."""
 
     @abstractmethod
     def test_loss(self, delta: np.ndarray | None = None) -> float:

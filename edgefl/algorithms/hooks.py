@@ -10,10 +10,12 @@ Dispatch modes:
 - ``all``: a notification. Every plugin's hook runs, in plugin order (:attr:`Plugin.order`),
   and returns nothing. A plugin that only needs to *know* uses one of these.
 - ``chain``: every plugin's hook runs in plugin order, each on what the one before returned
-  or edited (``shape_task`` edits the spec, ``transform`` returns the ``Apply`` to use).
-- ``first``: plugins are asked in plugin order; the first answer that is not None/False
-  wins and the rest are not asked (the core's default when nobody answers). Each of these
-  hooks *does* something when it answers (sends a message, counts bytes).
+  or edited (``shape_task`` edits the spec, ``transform`` returns the ``Apply`` to use;
+  ``encode`` and ``send_model`` are the two sides' wire pipelines: a plugin edits the
+  :class:`~edgefl.algorithms.base.Upload` / :class:`~edgefl.algorithms.base.Download`, or
+  encodes it, and at most one plugin may encode one).
+- ``first``: plugins are asked in plugin order; the first answer that is not None wins and
+  the rest are not asked (the core's count when nobody answers).
 - ``owner``: a decision with exactly one owner: at most one plugin of a job may override
   it, checked when the plugins are loaded (two claimants: a one-line ConfigError naming
   both); without an owner the core decides.
@@ -50,16 +52,14 @@ _TABLE = """
 rank0  on_registered     all   every worker rank registered (may exchange messages)
 rank0  on_start          all   before the first task is dispatched (fresh run and resume)
 rank0  shape_task        chain a task is dispatched: edit its TaskSpec
-rank0  on_model_send     all   the model is about to go to a rank: send what must precede it
-rank0  send_model        first send the current model to a rank yourself (True: done)
+rank0  send_model        chain the model goes to a rank (Download): precede it, or encode it
 rank0  down_bytes        first bytes a model download of a device moves (None: the core's count)
 rank0  on_message        kind  a message of one of the plugin's kinds arrived
 rank0  decode            kind  an update of one of its kinds: (dense delta or None, reason, message)
 rank0  on_iteration      all   a local iteration of a device ended (pushed or not)
 rank0  transform         chain a model change is about to be made: the Apply to use
 rank0  aggregate         owner the step to apply instead of the aggregator's
-rank0  on_model_step     all   the step was applied (same version)
-rank0  after_apply       all   the version counted
+rank0  after_apply       all   the step was applied, the version counted (may add to the model)
 rank0  on_device_dead    all   a device is dead (crash or its rank failed)
 rank0  on_device_moved   all   a dead rank's device has a new host: edit the state it restores
 rank0  flush_devices     own   end of training: the devices whose worker half holds mass back
@@ -70,13 +70,11 @@ rank0  state_dict        own   every checkpoint: saved under the plugin's name
 rank0  load_state_dict   own   resume: restore it (after on_registered)
 worker on_register       all   before the REGISTER is sent: add JSON fields
 worker on_message        kind  a message of one of the plugin's kinds arrived
-worker new_model         all   a gated device adopts a new global model
-worker before_train      all   a task starts (the LocalJob is built)
+worker before_train      all   a task starts (LocalJob built; job.new_model: from a global model)
 worker train             owner run the task's local training yourself: its loss
 worker after_train       all   the task's local training ended (before the gate and the update)
 worker gate              owner a gated device's iteration ended: (push?, loss, score)
-worker send_update       first the update: edit the delta, or send it yourself (True: sent)
-worker flush             first end of training: send what the device holds back (True: sent)
+worker encode            chain an update (Upload; or the end's flush) goes out: edit or encode it
 worker device_state      own   every checkpoint and task start: the device's state
 worker load_device_state own   resume or re-hosting: restore it
 """

@@ -49,15 +49,34 @@ def write_json(path: str | None, rows: list[dict]) -> None:
         print(f"# rows written to {path}")
 
 
+def simulate_command(
+    config: Path | None = None,
+    out: Path | None = None,
+    sets: list[str] | tuple[str, ...] = (),
+    *extra: str,
+) -> list[str]:
+    """The one way a benchmark starts a job: ``python -P -m edgefl simulate [CONFIG]
+    [--out OUT] [EXTRA ...] [--set KEY=VALUE ...]`` with this environment's interpreter
+    (``-P``: the working directory cannot shadow edgefl). ``extra``: more options, e.g.
+    ``"--backend", "inline"`` or ``"--resume", CKPT``."""
+    from ..launcher import rank_python
+
+    cmd = [*rank_python(), "-m", "edgefl", "simulate"]
+    if config is not None:
+        cmd.append(str(config))
+    if out is not None:
+        cmd += ["--out", str(out)]
+    cmd += [str(e) for e in extra]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
 def run_simulate(out: Path, sets: list[str], timeout: float = 3600) -> None:
     """Run ``edgefl simulate --out OUT --set ...`` (real mpiexec) and fail loudly."""
     import subprocess
 
-    from ..launcher import rank_python  # (python -P: the cwd cannot shadow edgefl)
-
-    cmd = [*rank_python(), "-m", "edgefl", "simulate", "--out", str(out)]
-    for s in sets:
-        cmd += ["--set", s]
+    cmd = simulate_command(None, out, sets)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])

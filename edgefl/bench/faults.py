@@ -91,6 +91,7 @@ from functools import partial
 from pathlib import Path
 
 from .. import procfs
+from .common import simulate_command
 
 NAME = "faults"
 HELP = "killed ranks, killed launcher, torn checkpoints, forgeries, Byzantine devices"
@@ -183,14 +184,7 @@ def _metric_rounds(out: Path) -> list[int]:
 
 
 def _cmd(out: Path | None, sets: list[str], resume: Path | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "edgefl", "simulate"]
-    if out is not None:
-        cmd += ["--out", str(out)]
-    if resume is not None:
-        cmd += ["--resume", str(resume)]
-    for s in sets:
-        cmd += ["--set", s]
-    return cmd
+    return simulate_command(None, out, sets, *(["--resume", str(resume)] if resume else []))
 
 
 def _env(extra: dict | None = None) -> dict:

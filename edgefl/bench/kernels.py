@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .common import simulate_command
+
 NAME = "kernels"
 HELP = "cost of portable kernels (run.kernels) vs native ones: three jobs, side by side"
 JOBS = ("default", "cnn", "10k")
@@ -84,11 +86,9 @@ def _children_cpu() -> float:
 def run_one(sets: list[str], mode: str, out: Path) -> dict:
     """One ``edgefl simulate`` run; its wall time, round rate, accuracy and model hash."""
     from ..api import Result
-    from ..launcher import rank_python
 
-    cmd = [*rank_python(), "-m", "edgefl", "simulate", "--out", str(out)]
-    for s in [*FIXED, *sets, f"run.kernels={mode}", "run.checkpoint_every=0"]:
-        cmd += ["--set", s]
+    cmd = simulate_command(None, out, [*FIXED, *sets, f"run.kernels={mode}",
+                                       "run.checkpoint_every=0"])  # fmt: skip
     t0, cpu0 = time.perf_counter(), _children_cpu()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0

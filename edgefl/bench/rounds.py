@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .common import simulate_command
+
 NAME = "rounds"
 HELP = "FedAvg rounds/s: edgefl over mpiexec vs a plain in-process loop"
 
@@ -142,9 +144,7 @@ def edgefl_job(cfg: dict) -> dict:
         conf = Path(tmp) / "bench.toml"
         conf.write_text(dump_config(load_config(doc=cfg)))
         out = Path(tmp) / "run"
-        from ..launcher import rank_python  # (python -P: the cwd cannot shadow edgefl)
-
-        cmd = [*rank_python(), "-m", "edgefl", "simulate", str(conf), "--out", str(out)]
+        cmd = simulate_command(conf, out)
         print(f"# edgefl: {' '.join(cmd)}", flush=True)
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -62,6 +62,7 @@ from pathlib import Path
 
 from .. import procfs
 from ..procfs import tree_usage as tree_rss
+from .common import simulate_command
 
 NAME = "scale"
 HELP = (
@@ -311,15 +312,13 @@ def edgefl_run(cfg: dict, root: Path, rep: int = 0, backend: str = "mpi") -> dic
     ``wall_time_s`` (``rep``: the repeat, which names its run directory after the first)."""
     from ..api import Result
     from ..config import dump_config, load_config
-    from ..launcher import rank_python  # (python -P: the cwd cannot shadow edgefl)
 
     n = cfg["fleet"]["devices"]
     conf = root / f"scale-{n}.toml"
     conf.write_text(dump_config(load_config(doc=cfg)))
     name = f"{'run' if backend == 'mpi' else backend}-{n}" + (f"-{rep}" if rep else "")
     out = root / name
-    cmd = [*rank_python(), "-m", "edgefl", "simulate", str(conf), "--out", str(out),
-           "--backend", backend]  # fmt: skip
+    cmd = simulate_command(conf, out, (), "--backend", backend)
     print(f"# edgefl: {' '.join(cmd)}", flush=True)
     log = root / f"{name}.log"
     with open(log, "w") as f:

@@ -71,6 +71,7 @@ import time
 from pathlib import Path
 
 from ..procfs import Proc, TreeSampler
+from .common import simulate_command
 
 NAME = "startup"
 HELP = "start-up, shutdown and peak memory of edgefl simulate vs a plain single-process loop"
@@ -277,10 +278,8 @@ def run_edgefl(
     job: str, conf: Path | None, out: Path, interval: float, log: Path, ranks: int | None = None
 ) -> dict:
     from ..api import Result
-    from ..launcher import rank_python  # (python -P: the cwd cannot shadow edgefl)
 
-    cmd = [*rank_python(), "-m", "edgefl", "simulate", *([str(conf)] if conf else [])]
-    cmd += [*(["--ranks", str(ranks)] if ranks and not conf else []), "--out", str(out)]
+    cmd = simulate_command(conf, out, (), *(["--ranks", str(ranks)] if ranks and not conf else []))
     for _attempt in range(3):
         shutil.rmtree(out, ignore_errors=True)
         m = run_measured(cmd, interval, log)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..algorithms import coordinator_plugins, worker_keeps_state
-from ..algorithms.base import CoordinatorPlugin, TaskSpec
+from ..algorithms.base import CoordinatorPlugin, Download, TaskSpec
 from ..comm import Kind, Message, Transport
 from ..comm.taskflags import CONTINUE, REFRESH, pack_flags
 from ..comm.wire import HEADER_BYTES
@@ -279,9 +279,14 @@ class Coordinator:
             return
         if wait:
             self.t.wait_sends()
+        down = Download(rank, self.version)
         for p in self.plugins:
-            p.on_model_send(rank)
-        if not any(src.send_model(rank) for src in (self.server, *self.plugins)):
+            p.send_model(down)
+        if self.server.send_model(rank):
+            pass  # the server ranks send it (SHARD_MODEL pieces)
+        elif down.by:
+            self.t.send(rank, down.kind, round=self.version, aux=down.aux, payload=down.payload)
+        else:
             self.t.send(rank, Kind.MODEL, round=self.version, payload=self.global_model)
         self.rank_version[rank] = self.version
 
@@ -405,15 +410,8 @@ class Coordinator:
             self.server_opt.step(self.global_model, step)
         elif not self.server.apply(ap, now):
             return
-        for p in self.plugins:
-            p.on_model_step(ap)
         self.version += 1
         self._rejected_streak = 0
-        if not np.isfinite(self.global_model).all():
-            # diverged (e.g. poisoned updates averaged in by plain mean): every later update
-            # would be rejected, so stop here rather than loop
-            self.stopped = f"the global model became non-finite at version {self.version}"
-            self.exit_status = 3
         arr = ap.arrivals
         for a in arr:
             st = self.version - 1 - a.base_version
@@ -430,6 +428,11 @@ class Coordinator:
             self.t_failure = None
         for p in self.plugins:
             p.after_apply(ap, now)
+        if not np.isfinite(self.global_model).all():
+            # diverged (e.g. poisoned updates averaged in by plain mean): every later update
+            # would be rejected, so stop here rather than loop
+            self.stopped = f"the global model became non-finite at version {self.version}"
+            self.exit_status = 3
         self.log_event("apply", now, -1, -1, updates=len(arr))
         self._row(arr, now)
 

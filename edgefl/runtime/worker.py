@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..algorithms import worker_plugins
-from ..algorithms.base import LocalJob, TaskSpec, WorkerPlugin
+from ..algorithms.base import LocalJob, TaskSpec, Upload, WorkerPlugin
 from ..comm import Kind, Transport
 from ..comm.taskflags import CONTINUE, FLUSH, ISOLATE, REFRESH, unpack_flags
 from ..data import FederatedDataset
@@ -365,10 +365,6 @@ class Worker:
             self.splits[device] = got
         return got
 
-    def _new_model(self, device: int) -> None:
-        for p in self.plugins:
-            p.new_model(device)
-
     def _hook(self, name: str, *args):
         """The answer of decision ``name`` (``train``, ``gate``): its owner's (the loader
         lets at most one plugin override it), or None (the core decides)."""
@@ -403,6 +399,8 @@ class Worker:
         self.debug.before_task()
         st = self._local_state(device, version, spec.flags)
         job, holdout = self._job(device, task, version, spec, st)
+        job.new_model = st.fresh or not self.gated
+        st.fresh = False
         if spec.flags & ISOLATE:  # a re-run after its host failed: say that it starts now
             self.t.send(0, Kind.HEARTBEAT, device=device, round=task,
                         aux=(STARTED, 0.0, 0.0, 0.0))  # fmt: skip
@@ -437,12 +435,31 @@ class Worker:
                    float(st.iterations))  # fmt: skip
         self._send_update(device, job, delta)
 
+    def _encode(self, up: Upload, job: LocalJob | None) -> bool:
+        """The worker side of the update pipeline: every plugin's ``encode`` in plugin
+        order; True when one of them encoded the upload: the core sent that one message
+        and gave a task's delta buffer back (once the message left, when the payload is
+        a view of it)."""
+        for p in self.plugins:
+            p.encode(up, job)
+        if not up.by:
+            return False
+        pooled = job is not None  # (a task's delta is a pool buffer; a flush's zeros not)
+        shared = pooled and np.may_share_memory(up.payload, up.delta)
+        self.t.send(0, up.kind, device=up.device, round=up.task, aux=up.aux,
+                    payload=up.payload,
+                    release=(lambda: self.free(up.delta)) if shared else None)  # fmt: skip
+        if pooled and not shared:
+            self.free(up.delta)
+        return True
+
     def _flush(self, device: int, task: int) -> None:
-        """End of training: a plugin sends what the device holds back, or a zero UPDATE."""
-        if not any(p.flush(device, task) for p in self.plugins):
-            aux = (float(self.data.num_samples(device)), 0.0, 0.0, 0.0)
-            self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux,
-                        payload=np.zeros(self.global_model.size, np.float32))  # fmt: skip
+        """End of training: a plugin encodes what the device holds back, or a zero UPDATE
+        goes out."""
+        aux = (float(self.data.num_samples(device)), 0.0, 0.0, 0.0)
+        zeros = np.zeros(self.global_model.size, np.float32)
+        if not self._encode(Upload(device, task, zeros, aux, flush=True), None):
+            self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux, payload=zeros)
 
     def _job(self, device: int, task: int, version: int, spec: TaskSpec, st: _LocalState):
         """The task's model (set to its start), its training examples (a seeded subset when
@@ -476,12 +493,12 @@ class Worker:
         if st is not None and flags & REFRESH:
             st.params = self.versions[version].copy()
             st.base = version
-            self._new_model(device)
+            st.fresh = True
         if st is None:
             st = _LocalState(version, self.versions[version].copy() if self.gated else None)
             if self.gated:
                 self.local[device] = st
-                self._new_model(device)
+                st.fresh = True
         return st
 
     def local_state_dict(self, d: int) -> dict:
@@ -505,8 +522,7 @@ class Worker:
     def _send_update(self, device: int, job: LocalJob, delta: np.ndarray) -> None:
         """A plugin's encoding (it then owns nothing of ``delta``), the server ranks'
         pieces, or a dense UPDATE."""
-        if any(p.send_update(device, job, delta) for p in self.plugins):
-            self.free(delta)
+        if self._encode(Upload(device, job.task, delta, job.aux), job):
             return
         if self.client is not None:
             self.client.push(device, job.task, job.version, delta, job.aux)
@@ -536,12 +552,13 @@ class Worker:
 class _LocalState:
     """A gated device between pushes: its local model and the version it started from."""
 
-    __slots__ = ("base", "params", "iterations")
+    __slots__ = ("base", "params", "iterations", "fresh")
 
     def __init__(self, base: int, params: np.ndarray | None) -> None:
         self.base = base
         self.params = params
         self.iterations = 0
+        self.fresh = False  # it adopted a new global model the next task has not seen
 
 
 def error_text(where: str, e: Exception) -> str:

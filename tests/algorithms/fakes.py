@@ -6,6 +6,11 @@ devices with their sample counts) and record what the half did: ``sent`` (every 
 as a :class:`Sent`), ``rejected`` ((rank, reason) pairs), ``booked`` ((device, bytes)),
 ``events``, ``refreshed``. ``inbox`` holds the messages :meth:`poll` and :meth:`wait_for`
 hand out. Nothing here knows a plugin: a half sees only what its context says.
+
+:func:`upload` and :func:`flush_upload` run a worker half's ``encode`` on the
+:class:`~edgefl.algorithms.base.Upload` the worker core builds (a task's update, the end's
+flush), and :func:`received` is the message rank 0 gets for an encoded one (what the core
+sends), so a test can hand it to the coordinator half's ``decode``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from edgefl.algorithms.base import LocalJob, Upload
 from edgefl.algorithms.context import CoordinatorContext, Payload, WorkerContext
 from edgefl.comm import Message
 from edgefl.config import load_config
@@ -42,6 +48,33 @@ def message(kind: int, src: int = 1, device: int = -1, round: int = 0, aux: tupl
     """A received message as the transport hands it to a half."""
     return Message(kind=kind, src=src, device=device, round=round, aux=tuple(aux),
                    payload=payload)  # fmt: skip
+
+
+def upload(half: Any, job: LocalJob, delta: np.ndarray) -> Upload:
+    """A task's update through ``half.encode`` as the worker core builds it (device, task and
+    aux of ``job``; ``delta`` is edited in place); the Upload after the hook."""
+    up = Upload(job.device, job.task, delta, job.aux)
+    half.encode(up, job)
+    return up
+
+
+def flush_upload(half: Any, d: int, task: int) -> Upload:
+    """The end of training of device ``d`` through ``half.encode`` as the worker core builds
+    it: all-zero delta, aux (samples, 0, 0, 0), no job; the Upload after the hook
+    (``up.by == ""``: the half holds nothing back)."""
+    ctx = half.ctx
+    aux = (float(ctx.num_samples(d)), 0.0, 0.0, 0.0)
+    up = Upload(d, task, np.zeros(ctx.numel, np.float32), aux, flush=True)
+    half.encode(up, None)
+    return up
+
+
+def received(up: Upload, src: int = 1) -> Message:
+    """The message rank 0 receives for an encoded Upload (the core sends ``up.kind`` with
+    device, round = task, aux and payload), with a copy of the payload."""
+    assert up.by, "nothing encoded the upload"
+    return message(up.kind, src=src, device=up.device, round=up.task, aux=up.aux,
+                   payload=np.array(up.payload, copy=True))  # fmt: skip
 
 
 def config(doc: dict | None = None, *sets: str) -> dict:
@@ -318,4 +351,13 @@ class FakeWorkerContext(_Common, WorkerContext):
         self.versions[version] = buf
 
 
-__all__ = ["FakeCoordinatorContext", "FakeWorkerContext", "Sent", "config", "message"]
+__all__ = [
+    "FakeCoordinatorContext",
+    "FakeWorkerContext",
+    "Sent",
+    "config",
+    "flush_upload",
+    "message",
+    "received",
+    "upload",
+]

@@ -21,19 +21,24 @@ def test_the_schema_holds_every_builtin_section_after_algorithm_in_builtin_order
     assert all(SCHEMA[k] is sections[k] for k in sections)
 
 
-def test_each_builtin_class_declares_the_sections_of_its_package():
+def test_each_builtin_class_declares_the_sections_of_its_package_or_module():
     for spec in algorithms.BUILTIN:
-        pkg = spec.partition(".")[0]
         mod, _, name = f"edgefl.algorithms.{spec}".partition(":")
         cls = getattr(importlib.import_module(mod), name)
+        where = algorithms._config_module(spec)
         try:
-            want = importlib.import_module(f"edgefl.algorithms.{pkg}.config").SECTIONS
+            want = getattr(importlib.import_module(where), "SECTIONS", {})
         except ModuleNotFoundError:
             want = {}
-        if pkg == "fedbn" or not want:
+        if spec.startswith("fedbn") or not want:
             assert cls.sections == {}, spec
         else:
             assert cls.sections is want, spec
+
+
+def test_a_one_module_algorithm_is_its_own_config_module():
+    assert algorithms._config_module("fedprox:FedProx") == "edgefl.algorithms.fedprox"
+    assert algorithms._config_module("gddr.plugin:GDDR") == "edgefl.algorithms.gddr.config"
 
 
 def test_the_builtin_sections_come_through_the_installed_entry_point():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import LocalJob, WorkerPlugin
+from ..base import LocalJob, Upload, WorkerPlugin
 from ..context import WorkerContext
 
 
@@ -40,9 +40,8 @@ class FedBNWorker(WorkerPlugin):
     def after_train(self, d: int, job: LocalJob) -> None:
         self._keep(d, job)
 
-    def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
-        delta[self.sl] = 0.0
-        return False  # the update goes on to the other plugins / the core
+    def encode(self, up: Upload, job: LocalJob | None) -> None:
+        up.delta[self.sl] = 0.0  # (a dense transform: the update goes on down the chain)
 
     def device_state(self, d: int) -> dict:
         return {"buffers": self.values[d].copy()} if d in self.values else {}

@@ -25,10 +25,6 @@ class FedEvalWorker(WorkerPlugin):
         self.gated = ctx.cfg["algorithm"]["gate"] != "always"
         if not self.gated:  # (with a gate, Hermes asked for its hold-out: scored on it)
             ctx.hold_out(self.fraction)
-        self.fresh: set[int] = set()  # gated devices whose next task starts from a global model
-
-    def new_model(self, d: int) -> None:
-        self.fresh.add(d)
 
     def _held_out(self, d: int):
         """The held-out split the job's training excluded (the context's one split: Hermes'
@@ -39,9 +35,7 @@ class FedEvalWorker(WorkerPlugin):
         raise RuntimeError(f"device {d}: no held-out split for federated evaluation")
 
     def before_train(self, d: int, job: LocalJob) -> None:
-        fresh = not self.gated or d in self.fresh
-        self.fresh.discard(d)
-        if not fresh or job.version % self.every:
+        if not job.new_model or job.version % self.every:
             return
         ctx = self.ctx
         r = evaluate_on(job.model, self._held_out(d), ctx.task_kind, self.metrics,

@@ -62,7 +62,7 @@ class GDDRCoordinator(CoordinatorPlugin):
         self.norms.append(norm)
         return dense, "", msg
 
-    def on_model_step(self, ap: Apply) -> None:
+    def after_apply(self, ap: Apply, now: float) -> None:
         """Replayed residual mass rides on every model change; then tau adapts."""
         ctx = self.ctx
         lr = np.float32(ctx.cfg["server"]["lr"])

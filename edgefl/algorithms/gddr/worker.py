@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ...comm import Kind
-from ..base import LocalJob, WorkerPlugin
+from ..base import LocalJob, Upload, WorkerPlugin
 from ..context import WorkerContext
 from .kinds import RESIDUAL
 
@@ -35,7 +35,13 @@ class GDDRWorker(WorkerPlugin):
             )  # fmt: skip
         return self.residuals[device]
 
-    def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
+    def encode(self, up: Upload, job: LocalJob | None) -> None:
+        """A task's update: the released coordinates and the norm (RESIDUAL); the end of
+        training: everything the residual still holds, dense (UPDATE)."""
+        if up.flush:
+            self._flush(up)
+            return
+        d, delta = up.device, up.delta
         res = self._residual(d)
         if job.spec.arg:
             res.set_tau(job.spec.arg)
@@ -50,19 +56,13 @@ class GDDRWorker(WorkerPlugin):
 
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_residual(self.ckpt_dir / residual_checkpoint_name(d), res.state_dict())
-        self.ctx.send(0, RESIDUAL, device=d, round=job.task,
-                         aux=(*job.aux[:3], float(rel.tau)), payload=payload)  # fmt: skip
-        return True
+        up.encode(self.name, RESIDUAL, payload, (*up.aux[:3], float(rel.tau)))
 
-    def flush(self, d: int, task: int) -> bool:
-        """End of training: everything the device's residual still holds, dense."""
-        if d not in self.residuals:
-            return False
-        held = np.zeros(self.ctx.numel, np.float32)
-        held[:] = self.residuals[d].flush()
-        aux = (float(self.ctx.num_samples(d)), 0.0, 0.0, 0.0)
-        self.ctx.send(0, Kind.UPDATE, device=d, round=task, aux=aux, payload=held)
-        return True
+    def _flush(self, up: Upload) -> None:
+        if up.device in self.residuals:
+            held = np.zeros(self.ctx.numel, np.float32)
+            held[:] = self.residuals[up.device].flush()
+            up.encode(self.name, Kind.UPDATE, held)
 
     def device_state(self, d: int) -> dict:
         return self.residuals[d].state_dict() if d in self.residuals else {}

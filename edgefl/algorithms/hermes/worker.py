@@ -31,8 +31,8 @@ class HermesWorker(WorkerPlugin):
             self.gates[device] = make_gate(c["algorithm"]["gate"], c["hermes"])
         return self.gates[device]
 
-    def new_model(self, d: int) -> None:
-        if self.gated:
+    def before_train(self, d: int, job: LocalJob) -> None:
+        if self.gated and job.new_model:
             self._gate(d).on_model_received()
 
     def gate(self, d: int, job: LocalJob, holdout, iterations: int):

@@ -10,7 +10,7 @@ import numpy as np
 from ...comm import Kind, Message
 from ...comm.wire import HEADER_BYTES
 from ...policies.consistency import Apply, Arrival
-from ..base import CoordinatorPlugin
+from ..base import CoordinatorPlugin, Download
 from ..context import CoordinatorContext
 from .kinds import MODEL_KEYS, RESEND, SPARSE, WORKSET
 from .workset import working_set_pulls
@@ -99,18 +99,14 @@ class PSCoordinator(CoordinatorPlugin):
         for d, up in sorted(self.ws_up.items()):  # WORKSET uploads
             self.ctx.book_up(d, up)
 
-    def send_model(self, rank: int) -> bool:
+    def send_model(self, down: Download) -> None:
         """Only the values at the rank's working sets (MODEL_KEYS; aux = (number of keys,
         their key_digest))."""
-        ws = self.ws_rank.get(rank)
-        if ws is None:
-            return False
-        keys, digest = ws
-        ctx = self.ctx
-        aux = (float(keys.size), float(digest))
-        ctx.send(rank, MODEL_KEYS, round=ctx.version, aux=aux,
-                    payload=ctx.global_model[keys])  # fmt: skip
-        return True
+        ws = self.ws_rank.get(down.rank)
+        if ws is not None:
+            keys, digest = ws
+            aux = (float(keys.size), float(digest))
+            down.encode(self.name, MODEL_KEYS, self.ctx.global_model[keys], aux)
 
     def down_bytes(self, d: int) -> int | None:
         """MODEL_KEYS + TRAIN headers and the device's own working set's values (counted as

@@ -8,7 +8,7 @@ import numpy as np
 
 from ...comm import Kind, Message
 from ...errors import EdgeflError
-from ..base import LocalJob, WorkerPlugin
+from ..base import LocalJob, Upload, WorkerPlugin
 from ..context import WorkerContext
 from .kinds import MODEL_KEYS, RESEND, SPARSE, WORKSET
 from .workset import (
@@ -157,24 +157,28 @@ class PSWorker(WorkerPlugin):
             # (if it rejected it, the first push is a cache miss and is resent)
             self.encoders[d].cache.put(key_hash(self.ws[d], size), self.ws[d])
 
-    def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
+    def encode(self, up: Upload, job: LocalJob | None) -> None:
         """Filter (what is held back stays in the device's filter residual), then encode
-        (dense / index-value / cached key list, whichever is smaller)."""
+        (dense / index-value / cached key list, whichever is smaller) as SPARSE. The end of
+        training: the filters' held-back mass (:meth:`_flush`)."""
+        if up.flush:
+            self._flush(up)
+            return
         if not self.sparse:
-            return False
+            return
         from .filters import mass_checksum
 
+        d, delta = up.device, up.delta
         if d not in self.encoders:
             self._setup_device(d, delta.size)
         keys = np.flatnonzero(delta)
         vals = delta[keys]
         self.produced[d] = self.produced.get(d, 0.0) + mass_checksum(keys, vals)
         k, v = self.filters[d].apply(keys, vals, job.ctx.get("kkt"))
-        self._push(d, job.task, k, v, job.aux)
-        return True
+        up.encode(self.name, SPARSE, self._push(d, up.task, k, v, up.aux))
 
-    def _push(self, device: int, task: int, k: np.ndarray, v: np.ndarray, aux) -> None:
-        """Encode ``(k, v)`` with the device's encoder and send it as SPARSE. With key caching
+    def _push(self, device: int, task: int, k: np.ndarray, v: np.ndarray, aux) -> np.ndarray:
+        """``(k, v)`` encoded with the device's encoder: the SPARSE payload. With key caching
         and a working set (logreg), key lists are sent as bitmaps over the working set."""
         from .compress import key_hash
 
@@ -197,7 +201,7 @@ class PSWorker(WorkerPlugin):
         else:  # per-round filtered lists are not cached (they would evict the base)
             msg = enc.encode(k, v, base=base, remember=base is None)
         self.last_sparse[device] = (task, k, v, aux)
-        self.ctx.send(0, SPARSE, device=device, round=task, aux=aux, payload=msg.payload)
+        return msg.payload
 
     def _resend(self, device: int, task: int) -> None:
         """Rank 0 lacked a cached key list: forget the cache, send the full index list."""
@@ -212,19 +216,19 @@ class PSWorker(WorkerPlugin):
         self.ctx.send(0, SPARSE, device=device, round=task, aux=aux,
                          payload=enc.encode(k, v).payload)  # fmt: skip
 
-    def flush(self, d: int, task: int) -> bool:
+    def _flush(self, up: Upload) -> None:
         """End of training: the filters' held-back mass, encoded like every push; aux =
         (samples, checksum of all it produced, KKT entries skipped, KKT entries seen), so
         rank 0 can check that everything produced arrived (summary.json "ps")."""
+        d = up.device
         if d not in self.filters:
-            return False
+            return
         chain = self.filters[d]
         k, v = chain.flush()
         kkt = [f for f in chain.filters if f.name == "kkt"]
         aux = (float(self.ctx.num_samples(d)), self.produced.get(d, 0.0),
                float(sum(f.skipped for f in kkt)), float(sum(f.seen for f in kkt)))  # fmt: skip
-        self._push(d, task, k, v, aux)
-        return True
+        up.encode(self.name, SPARSE, self._push(d, up.task, k, v, aux), aux)
 
     def device_state(self, d: int) -> dict:
         if d not in self.filters:

@@ -7,7 +7,7 @@ import numpy as np
 
 from ...comm import Message
 from ...policies.consistency import Apply
-from ..base import CoordinatorPlugin
+from ..base import CoordinatorPlugin, Download
 from ..context import CoordinatorContext
 from .kinds import CONTROL, CONTROL_UPDATE
 from .variates import server_step
@@ -28,10 +28,13 @@ class ScaffoldCoordinator(CoordinatorPlugin):
     def on_start(self) -> None:
         if self.ctx.resuming:  # tasks in flight are sent again without a model send
             for rank in sorted({v["rank"] for v in self.ctx.devices.values()}):
-                self.on_model_send(rank)
+                self._send_control(rank)
 
-    def on_model_send(self, rank: int) -> None:
+    def send_model(self, down: Download) -> None:
         """The variate of the current version goes before the model."""
+        self._send_control(down.rank)
+
+    def _send_control(self, rank: int) -> None:
         self.ctx.send(rank, CONTROL, round=self.ctx.version, payload=self.c.copy())
 
     def down_bytes(self, d: int) -> int | None:

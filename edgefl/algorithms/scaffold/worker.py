@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...comm import Message
-from ..base import LocalJob, WorkerPlugin
+from ..base import LocalJob, Upload, WorkerPlugin
 from ..context import WorkerContext
 from .kinds import CONTROL, CONTROL_UPDATE
 from .variates import client_delta, correction_hook
@@ -50,15 +50,15 @@ class ScaffoldWorker(WorkerPlugin):
         )
         job.ctx["scaffold_c"] = c
 
-    def send_update(self, d: int, job: LocalJob, delta: np.ndarray) -> bool:
+    def encode(self, up: Upload, job: LocalJob | None) -> None:
+        if up.flush:
+            return
+        d, delta = up.device, up.delta
         c = job.ctx["scaffold_c"]
         dc = client_delta(c, delta[: self.numel], job.fit_ctx.steps, job.fit_task.lr)
         ci = self.ci.get(d)
         self.ci[d] = dc.copy() if ci is None else ci + dc
-        payload = np.concatenate([delta, dc])
-        self.ctx.send(0, CONTROL_UPDATE, device=d, round=job.task, aux=job.aux,
-                         payload=payload)  # fmt: skip
-        return True
+        up.encode(self.name, CONTROL_UPDATE, np.concatenate([delta, dc]))
 
     def device_state(self, d: int) -> dict:
         return {"ci": self.ci[d].copy()} if d in self.ci else {}

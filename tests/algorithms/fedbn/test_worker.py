@@ -12,7 +12,7 @@ from edgefl.algorithms.base import LocalJob, TaskSpec
 from edgefl.algorithms.fedbn.worker import FedBNWorker
 from edgefl.models.flat import FlatParams
 
-from ..fakes import FakeWorkerContext, config
+from ..fakes import FakeWorkerContext, config, flush_upload, upload
 
 
 def _model(bn: bool) -> nn.Module:
@@ -49,7 +49,7 @@ class Rank:
 
     def update(self, d: int, job: LocalJob) -> np.ndarray:
         delta = np.zeros(self.task_flat.numel, np.float32)
-        assert self.w.send_update(d, job, delta) is False
+        assert upload(self.w, job, delta).by == ""  # a dense transform: never encodes
         return delta
 
 
@@ -78,7 +78,9 @@ def test_after_a_task_its_buffers_are_kept_and_zeroed_in_the_update():
     np.testing.assert_array_equal(r.w.values[0], trained)
     delta = np.arange(r.task_flat.numel, dtype=np.float32) + 1.0
     params_part = delta[: r.task_flat.param_numel].copy()
-    assert r.w.send_update(0, job, delta) is False  # the update goes on to the others
+    up = upload(r.w, job, delta)
+    assert up.by == "" and up.payload is None  # the update goes on to the others
+    assert up.delta is delta  # edited in place, the core's buffer
     assert not delta[r.w.sl].any()
     np.testing.assert_array_equal(delta[: r.task_flat.param_numel], params_part)
     assert r.ctx.sent == []
@@ -99,7 +101,7 @@ def test_each_device_resumes_from_its_own_buffers():
 
 def test_values_are_kept_after_every_local_iteration_even_without_an_update():
     r = Rank()
-    r.train(0, seed=3)  # a gated device that does not push: no send_update
+    r.train(0, seed=3)  # a gated device that does not push: no encode
     kept = r.w.values[0].copy()
     np.testing.assert_array_equal(kept, r.task_flat.buffer_values())
     r.task_flat.load_buffers(np.zeros(8, np.float32))
@@ -139,5 +141,14 @@ def test_a_model_without_float_buffers_leaves_its_updates_alone():
     assert r.w.initial.size == 0 and r.w.sl.start == r.w.sl.stop
     r.w.before_train(0, r.job(0))
     delta = np.ones(r.task_flat.numel, np.float32)
-    assert r.w.send_update(0, r.job(0), delta) is False
+    assert upload(r.w, r.job(0), delta).by == ""
     assert delta.all()
+
+
+def test_the_end_of_training_flush_stays_an_all_zero_dense_update():
+    r = Rank()
+    r.update(0, r.train(0, seed=5))
+    up = flush_upload(r.w, 0, 1)
+    assert (up.by, up.kind, up.payload) == ("", None, None)
+    assert up.delta.shape == (r.task_flat.numel,) and not up.delta.any()
+    assert up.aux == (1.0, 0.0, 0.0, 0.0) and r.ctx.sent == []

@@ -39,8 +39,10 @@ def make(*sets: str) -> tuple[FakeWorkerContext, FedEvalWorker, torch.nn.Module]
     return ctx, FederatedEvaluation.worker(ctx, FederatedEvaluation.name), torch.nn.Linear(2, 3)
 
 
-def job(d: int, version: int, m: torch.nn.Module) -> LocalJob:
-    return LocalJob(d, 5, version, TaskSpec(), model=m)
+def job(d: int, version: int, m: torch.nn.Module, new_model: bool = True) -> LocalJob:
+    """A task from ``version``; ``new_model``: it starts from a global model (the core says
+    so for every task without a gate; with a gate, when the device just adopted one)."""
+    return LocalJob(d, 5, version, TaskSpec(), model=m, new_model=new_model)
 
 
 def sent_result(ctx, i: int = 0) -> dict:
@@ -103,25 +105,27 @@ def test_a_gated_device_evaluates_only_a_fresh_global_model_once():
     ctx, w, m = make(GATED)
     ds = ctx.data[0]
     ctx.splits[0] = (Subset(ds, range(7)), Subset(ds, range(7, 10)))  # Hermes' split
-    w.before_train(0, job(0, 0, m))  # goes on from its own local model
+    w.before_train(0, job(0, 0, m, new_model=False))  # goes on from its own local model
     assert ctx.sent == []
-    w.new_model(0)
-    w.before_train(0, job(0, 2, m))
+    w.before_train(0, job(0, 2, m, new_model=True))  # it just adopted global version 2
     assert sent_result(ctx)["samples"] == 3
-    w.before_train(0, job(0, 2, m))  # the next local iteration: not fresh any more
+    w.before_train(0, job(0, 2, m, new_model=False))  # the next local iteration
     assert len(ctx.sent) == 1
 
 
 def test_a_fresh_gated_model_of_a_version_not_evaluated_is_skipped_and_forgotten():
     ctx, w, m = make(GATED)
-    w.new_model(1)
-    w.before_train(1, job(1, 3, m))
-    assert ctx.sent == [] and w.fresh == set()
+    ctx.splits[1] = (Subset(ctx.data[1], range(14)), Subset(ctx.data[1], range(14, 20)))
+    w.before_train(1, job(1, 3, m, new_model=True))
+    assert ctx.sent == []
+    w.before_train(1, job(1, 4, m, new_model=False))  # (no version-4 model was adopted)
+    assert ctx.sent == []
+    w.before_train(1, job(1, 4, m, new_model=True))
+    assert sent_result(ctx)["version"] == 4
 
 
 def test_without_a_held_out_split_the_evaluation_is_an_error():
     ctx, w, m = make(GATED)
-    w.new_model(0)
     with pytest.raises(RuntimeError, match="device 0: no held-out split"):
         w.before_train(0, job(0, 0, m))
 

@@ -14,10 +14,19 @@ from edgefl.algorithms.gddr.kinds import RESIDUAL
 from edgefl.algorithms.gddr.store import load_residual, residual_checkpoint_name
 from edgefl.algorithms.gddr.tau import AdaptiveTau, FixedTau
 from edgefl.algorithms.gddr.worker import GDDRWorker
+from edgefl.comm import Kind
 from edgefl.errors import ConfigError
 from edgefl.policies.consistency import Apply
 
-from ..fakes import FakeCoordinatorContext, FakeWorkerContext, config, message
+from ..fakes import (
+    FakeCoordinatorContext,
+    FakeWorkerContext,
+    config,
+    flush_upload,
+    message,
+    received,
+    upload,
+)
 
 N = 48
 ON = 'algorithm.residual="gddr"'
@@ -34,6 +43,7 @@ class Pair:
         self.c = GDDRCoordinator(self.cctx, "gddr")
         self.w = GDDRWorker(self.wctx, "gddr")
         self.tasks: dict[int, int] = {}
+        self.sent: list = []  # the Uploads the worker half encoded
 
     def send(self, d: int, delta: np.ndarray, arg: int | None = None):
         """The worker sends ``delta`` of ``d`` with the tau the coordinator gives its task;
@@ -45,10 +55,10 @@ class Pair:
         task = self.tasks.get(d, 0)
         self.tasks[d] = task + 1
         job = LocalJob(d, task, 0, spec, aux=(6.0, 0.5, 1.0, 0.0))
-        assert self.w.send_update(d, job, delta.copy())
-        s = self.wctx.sent[-1]
-        return message(s.kind, src=1, device=s.device, round=s.round, aux=s.aux,
-                       payload=s.payload)  # fmt: skip
+        up = upload(self.w, job, delta.copy())
+        assert up.by == "gddr" and up.kind == int(RESIDUAL) and self.wctx.sent == []
+        self.sent.append(up)
+        return received(up)
 
     def decode(self, d: int, delta: np.ndarray, arg: int | None = None) -> np.ndarray:
         msg = self.send(d, delta, arg)
@@ -85,8 +95,9 @@ def test_decoding_rebuilds_the_dense_update_and_nothing_is_lost_over_a_flush():
         assert 0 < np.count_nonzero(dense) < N  # only the released coordinates
         decoded += dense
     assert p.c.flush_devices() == [0]
-    assert p.w.flush(0, 5)
-    decoded += p.wctx.sent[-1].payload
+    up = flush_upload(p.w, 0, 5)
+    assert up.by == "gddr" and up.kind == int(Kind.UPDATE)
+    decoded += up.payload
     np.testing.assert_allclose(decoded, produced, rtol=1e-5, atol=1e-5)
 
 
@@ -126,7 +137,7 @@ def test_fixed_tau_ignores_the_norms_but_a_step_consumes_them():
     p.decode(0, _delta(1))
     p.decode(1, _delta(2, scale=50.0))
     assert len(p.c.norms) == 2
-    p.c.on_model_step(_step())
+    p.c.after_apply(_step(), 0.0)
     assert p.c.norms == [] and p.c.tauc.tau == 4
 
 
@@ -134,16 +145,16 @@ def test_adaptive_tau_shortens_when_the_update_scale_jumps_and_tasks_carry_it():
     p = Pair("gddr.adaptive=true")
     assert isinstance(p.c.tauc, AdaptiveTau) and p.c.tauc.tau == 4
     p.decode(0, _delta(1))
-    p.c.on_model_step(_step())  # first step: the EMA starts
+    p.c.after_apply(_step(), 0.0)  # first step: the EMA starts
     assert p.c.tauc.tau == 4
     p.decode(0, _delta(2, scale=10.0))
-    p.c.on_model_step(_step())  # a 10x jump: fast drift, tau drops to tau_min
+    p.c.after_apply(_step(), 0.0)  # a 10x jump: fast drift, tau drops to tau_min
     assert p.c.tauc.tau == 2
     spec = TaskSpec()
     p.c.shape_task(0, spec)
     assert spec.arg == 2
     p.decode(0, _delta(3))  # the worker picks it up
-    assert p.wctx.sent[-1].aux[3] == 2.0 and p.w.residuals[0].tau == 2
+    assert p.sent[-1].aux[3] == 2.0 and p.w.residuals[0].tau == 2
 
 
 def test_a_bad_replay_setting_is_a_config_error_when_the_half_is_built():
@@ -177,11 +188,11 @@ def test_a_dead_device_s_checkpointed_residual_is_folded_in_weighted_over_replay
     moves = []
     for _ in range(3):
         prev = p.cctx.global_model.copy()
-        p.c.on_model_step(_step())
+        p.c.after_apply(_step(), 0.0)
         moves.append(np.abs(p.cctx.global_model - prev).sum())
     assert moves[0] > moves[1] > moves[2] > 0  # decaying amounts
     np.testing.assert_allclose(p.cctx.global_model - before, 2.0 * 0.25 * held, atol=1e-6)
-    p.c.on_model_step(_step())  # the replay is over
+    p.c.after_apply(_step(), 0.0)  # the replay is over
     np.testing.assert_allclose(p.cctx.global_model - before, 2.0 * 0.25 * held, atol=1e-6)
 
 
@@ -193,7 +204,7 @@ def test_messages_after_the_checkpoint_are_not_replayed_twice(tmp_path):
     [rep] = p.c.stats["replays"]
     assert rep["checkpoint_step"] == 1
     before = p.cctx.global_model.copy()
-    p.c.on_model_step(_step())
+    p.c.after_apply(_step(), 0.0)
     replayed = p.cctx.global_model - before
     # the replay adds the checkpoint's residual where the device still holds it; what step 2
     # released carried its checkpointed part already (it is in the model)
@@ -255,9 +266,8 @@ def test_a_moved_device_is_replayed_and_starts_over_on_its_new_rank(tmp_path):
     # the new rank's empty residual starts at step 0 again, and the new decoder follows it
     fresh = GDDRWorker(p.wctx, "gddr")
     job = LocalJob(0, 1, 0, TaskSpec(arg=4), aux=(6.0, 0.0, 0.0))
-    fresh.send_update(0, job, _delta(3))
-    s = p.wctx.sent[-1]
-    msg = message(s.kind, device=0, round=1, aux=s.aux, payload=s.payload)
+    msg = received(upload(fresh, job, _delta(3)))
+    assert (msg.kind, msg.device, msg.round) == (RESIDUAL, 0, 1)
     dense, why, _ = p.c.decode(0, 1, msg)
     assert why == "" and dense is not None
 
@@ -279,7 +289,7 @@ def test_the_summary_counts_messages_and_their_density():
     assert s["messages"] == 0 and s["payload_density"] is None and s["tau"] == 4
     for d, k in ((0, 0), (0, 1), (3, 7)):
         p.decode(d, _delta(k))
-    values = sum(s.payload.size - 1 for s in p.wctx.sent)  # (the last one is the norm)
+    values = sum(up.payload.size - 1 for up in p.sent)  # (the last one is the norm)
     s = p.c.summary()["gddr"]
     assert s["messages"] == 3
     assert s["payload_density"] == pytest.approx(values / (3 * N))
@@ -291,7 +301,7 @@ def test_the_state_dict_round_trips_so_a_resumed_coordinator_decodes_the_same(tm
     p = Pair("gddr.adaptive=true", "gddr.checkpoint_every=1", out_dir=tmp_path)
     for k in range(3):
         p.decode(0, _delta(k, scale=1.0 + 3 * k))
-        p.c.on_model_step(_step())
+        p.c.after_apply(_step(), 0.0)
     p.decode(1, _delta(5))
     p.c.on_device_dead(1, 2.0)  # a replay in progress
     p.decode(0, _delta(8))  # a norm not yet consumed
@@ -308,7 +318,7 @@ def test_the_state_dict_round_trips_so_a_resumed_coordinator_decodes_the_same(tm
     assert why == ""
     np.testing.assert_array_equal(a, b)
     before_p, before_q = p.cctx.global_model.copy(), q.ctx.global_model.copy()
-    p.c.on_model_step(_step())
-    q.on_model_step(_step())
+    p.c.after_apply(_step(), 0.0)
+    q.after_apply(_step(), 0.0)
     np.testing.assert_array_equal(p.cctx.global_model - before_p, q.ctx.global_model - before_q)
     assert q.tauc.tau == p.c.tauc.tau

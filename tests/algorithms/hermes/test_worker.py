@@ -23,8 +23,18 @@ def _data(n: int = 8, seed: int = 0) -> TensorDataset:
     return TensorDataset(torch.randn(n, 3, generator=g), torch.randint(0, 2, (n,), generator=g))
 
 
-def _job(model: torch.nn.Module) -> LocalJob:
-    return LocalJob(0, 0, 0, TaskSpec(), model, None, "cpu", None)
+def _job(model: torch.nn.Module | None = None, new_model: bool = False) -> LocalJob:
+    return LocalJob(0, 0, 0, TaskSpec(), model, None, "cpu", None, new_model=new_model)
+
+
+class _Gate:
+    """A gate that counts the new global models it is told of."""
+
+    def __init__(self) -> None:
+        self.received = 0
+
+    def on_model_received(self) -> None:
+        self.received += 1
 
 
 def test_with_a_gate_it_asks_for_the_hold_out_and_the_split_is_the_one_rule():
@@ -66,11 +76,32 @@ def test_the_gate_pushes_at_the_local_iteration_cap():
     w = HermesWorker(ctx, "hermes")
     model = torch.nn.Linear(3, 2)
     held = ctx.split(0)[1]
-    w.new_model(0)
+    w.before_train(0, _job(model, new_model=True))
     pushes = [w.gate(0, _job(model), held, k)[0] for k in (1, 2, 3)]
     assert pushes[-1] is True  # the model never changes, so only the cap makes it push
     loss = w.gate(0, _job(model), held, 1)[1]
     assert math.isfinite(loss) and loss > 0
+
+
+def test_a_gated_device_s_gate_hears_of_each_new_global_model_before_its_task():
+    ctx = FakeWorkerContext(config(None, *GATED), {0: _data(8), 1: _data(8)})
+    w = HermesWorker(ctx, "hermes")
+    w.before_train(1, _job(new_model=True))  # the first task builds the device's gate
+    assert set(w.gates) == {1}
+    w.gates[0] = gate = _Gate()
+    w.before_train(0, _job(new_model=True))  # its first task, a push or a REFRESH before
+    assert gate.received == 1
+    w.before_train(0, _job(new_model=False))  # it goes on from its own local model
+    assert gate.received == 1
+    w.before_train(0, _job(new_model=True))
+    assert gate.received == 2
+
+
+def test_without_a_gate_a_new_global_model_builds_no_gate():
+    ctx = FakeWorkerContext(config(), {0: _data(8)})
+    w = HermesWorker(ctx, "hermes")
+    w.before_train(0, _job(new_model=True))  # (every task without a gate)
+    assert w.gates == {} and w.device_state(0) == {}
 
 
 def test_a_non_finite_held_out_loss_is_pushed_as_it_is():
@@ -87,7 +118,7 @@ def test_the_gate_state_round_trips_per_device():
     ctx = FakeWorkerContext(config(None, *GATED), {0: _data(8)})
     w = HermesWorker(ctx, "hermes")
     model = torch.nn.Linear(3, 2)
-    w.new_model(0)
+    w.before_train(0, _job(model, new_model=True))
     w.gate(0, _job(model), ctx.split(0)[1], 1)
     st = w.device_state(0)
     assert set(st) == {"gate"} and w.device_state(5) == {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edgefl.algorithms.base import Download
 from edgefl.algorithms.ps.compress import FORMATS, Encoder, key_hash
 from edgefl.algorithms.ps.coordinator import PSCoordinator
 from edgefl.algorithms.ps.filters import mass_checksum
@@ -54,7 +55,10 @@ def test_full_pulls_collect_nothing():
     ps = PSCoordinator(ctx, "ps")
     ps.on_registered()
     assert ctx.sent == [] and ps.ws_rank == {}
-    assert ps.send_model(1) is False and ps.down_bytes(0) is None
+    down = Download(1, 0)
+    ps.send_model(down)
+    assert (down.by, down.kind, down.payload) == ("", None, None)  # the core sends MODEL
+    assert ctx.sent == [] and ps.down_bytes(0) is None
 
 
 def test_working_sets_are_asked_for_and_a_rank_gets_the_union_of_its_devices():
@@ -77,7 +81,10 @@ def test_a_malformed_working_set_is_rejected_and_its_rank_pulls_full_models():
     (rank, why), = ctx.rejected  # fmt: skip
     assert rank == 2 and why.startswith("WORKSET of rank 2, device 1:")
     assert set(ps.ws_rank) == {1}
-    assert ps.send_model(2) is False and ps.down_bytes(1) is None and ps.down_bytes(3) is None
+    down = Download(2, 0)
+    ps.send_model(down)
+    assert (down.by, down.kind, down.payload) == ("", None, None)
+    assert ps.down_bytes(1) is None and ps.down_bytes(3) is None
 
 
 @pytest.mark.parametrize("bad", [_ws(3, 3), _ws(0, NUMEL), np.array([0.5], np.float32)])
@@ -113,17 +120,20 @@ def test_other_messages_during_collection_are_released_and_ignored():
     assert ps.ws_rank[1][0].tolist() == [4] and len(ctx.released) == 3
 
 
-def test_send_model_sends_the_global_values_at_the_ranks_keys():
+def test_send_model_encodes_the_global_values_at_the_ranks_keys():
     ctx = _ctx(*WS_SETS, model=np.arange(NUMEL, dtype=np.float32) * 10)
     ps = _registered(ctx, {0: _ws(2, 5), 2: _ws(9), 1: _ws(1), 3: _ws(0)})
     ctx.version_ = 7
     ctx.sent.clear()
-    assert ps.send_model(1) is True
-    (s,) = ctx.sent
+    down = Download(1, 7)
+    ps.send_model(down)
+    assert ctx.sent == []  # the core sends the one message (round: the version)
     keys, digest = ps.ws_rank[1]
-    assert (s.rank, s.kind, s.round) == (1, MODEL_KEYS, 7)
-    assert s.aux == (3.0, float(digest)) and int(s.aux[1]) == digest
-    assert s.payload.tolist() == [20.0, 50.0, 90.0]
+    assert (down.by, down.kind, down.rank, down.version) == ("ps", MODEL_KEYS, 1, 7)
+    assert down.aux == (3.0, float(digest)) and int(down.aux[1]) == digest
+    assert down.payload.dtype == np.float32 and down.payload.tolist() == [20.0, 50.0, 90.0]
+    ctx.add_to_model(keys, np.ones(3, np.float32))  # a later step: the payload is a copy
+    assert down.payload.tolist() == [20.0, 50.0, 90.0]
 
 
 def test_down_bytes_counts_two_headers_and_the_devices_own_working_set():

@@ -22,7 +22,15 @@ from edgefl.models.flat import FlatParams
 from edgefl.models.logreg import LogReg
 from edgefl.policies.keyrange import key_digest
 
-from ..fakes import FakeCoordinatorContext, FakeWorkerContext, config, message
+from ..fakes import (
+    FakeCoordinatorContext,
+    FakeWorkerContext,
+    config,
+    flush_upload,
+    message,
+    received,
+    upload,
+)
 
 # logreg over 6 features, 2 classes: linear.weight keys 0..11 (row o, feature j = 6 o + j),
 # linear.bias keys 12, 13
@@ -147,16 +155,21 @@ def test_model_keys_on_a_rank_without_a_working_set_are_an_error():
 # -- pushes ------------------------------------------------------------------------------
 def test_without_sparse_pushes_the_core_sends_the_update():
     ctx, w = _worker()
-    assert w.send_update(0, _job(0), _delta(k1=1.0)) is False
-    assert w.flush(0, 1) is False and w.device_state(0) == {} and ctx.sent == []
+    up = upload(w, _job(0), _delta(k1=1.0))
+    assert (up.by, up.kind, up.payload) == ("", None, None)  # left to the core: dense
+    np.testing.assert_array_equal(up.delta, _delta(k1=1.0))
+    assert up.aux == (10.0, 0.5, 1.0, 1.0)
+    fl = flush_upload(w, 0, 1)
+    assert (fl.by, fl.kind, fl.payload) == ("", None, None)
+    assert w.device_state(0) == {} and ctx.sent == []
 
 
 def test_a_push_is_an_encoded_sparse_message_with_the_tasks_aux():
     ctx, w = _worker("ps.sparse=true")
     delta = _delta(k1=0.5, k12=-1.0)
-    assert w.send_update(0, _job(0, task=3, aux=(4.0, 0.1, 2.0, 1.0)), delta) is True
-    (s,) = ctx.sent
-    assert (s.rank, s.kind, s.device, s.round, s.aux) == (0, SPARSE, 0, 3, (4.0, 0.1, 2.0, 1.0))
+    s = upload(w, _job(0, task=3, aux=(4.0, 0.1, 2.0, 1.0)), delta)
+    assert (s.by, s.kind, s.device, s.task, s.aux) == ("ps", SPARSE, 0, 3, (4.0, 0.1, 2.0, 1.0))
+    assert ctx.sent == []  # the core sends the one message
     assert s.payload.dtype == np.uint8
     np.testing.assert_array_equal(_decode(s), delta)
     assert w.produced[0] == pytest.approx(mass_checksum([1, 12], [0.5, -1.0]))
@@ -164,47 +177,48 @@ def test_a_push_is_an_encoded_sparse_message_with_the_tasks_aux():
 
 def test_the_significant_filter_holds_small_entries_until_the_flush():
     ctx, w = _worker("ps.sparse=true", 'ps.filters=["significant"]', "ps.sig_threshold=0.5")
-    w.send_update(0, _job(0, task=0), _delta(k1=0.3, k2=2.0))
-    np.testing.assert_array_equal(_decode(ctx.sent[-1]), _delta(k2=2.0))
-    w.send_update(0, _job(0, task=1), _delta(k1=0.3, k4=0.1))  # k1 accumulates to 0.6
-    np.testing.assert_allclose(_decode(ctx.sent[-1]), _delta(k1=0.6))
-    assert w.flush(0, 2) is True
-    s = ctx.sent[-1]
+    up = upload(w, _job(0, task=0), _delta(k1=0.3, k2=2.0))
+    np.testing.assert_array_equal(_decode(up), _delta(k2=2.0))
+    up = upload(w, _job(0, task=1), _delta(k1=0.3, k4=0.1))  # k1 accumulates to 0.6
+    np.testing.assert_allclose(_decode(up), _delta(k1=0.6))
+    s = flush_upload(w, 0, 2)
+    assert (s.by, s.kind, s.device, s.task) == ("ps", SPARSE, 0, 2)
     np.testing.assert_allclose(_decode(s), _delta(k4=0.1))
     samples, produced, skipped, seen = s.aux
     assert samples == 4.0 and skipped == 0.0 and seen == 0.0
     assert produced == pytest.approx(
         mass_checksum([1, 2], [0.3, 2.0]) + mass_checksum([1, 4], [0.3, 0.1])
     )
-    assert w.flush(2, 0) is False  # device 2 never pushed
+    assert flush_upload(w, 2, 0).by == ""  # device 2 never pushed
+    assert ctx.sent == []
 
 
 def test_low_precision_values_are_sent_as_the_receiver_decodes_them():
     ctx, w = _worker("ps.sparse=true", "ps.value_dtype=float16")
     delta = _delta(k0=1.0001, k5=-3.14159)
-    w.send_update(0, _job(0), delta)
-    got = _decode(ctx.sent[-1])
+    got = _decode(upload(w, _job(0), delta))
     np.testing.assert_array_equal(got[[0, 5]], round_values(delta[[0, 5]], "float16"))
     assert got[0] != delta[0]  # (float16 cannot hold 1.0001)
     # the rounding error is held back and released by the flush
-    w.flush(0, 1)
-    np.testing.assert_allclose(got + _decode(ctx.sent[-1]), delta, rtol=1e-6)
+    fl = flush_upload(w, 0, 1)
+    assert fl.by == "ps" and fl.kind == SPARSE
+    np.testing.assert_allclose(got + _decode(fl), delta, rtol=1e-6)
 
 
 def test_a_resend_carries_the_full_key_list_of_that_task_only():
     ctx, w = _worker("ps.sparse=true", "ps.key_cache=true")
     delta = _delta(k1=1.0, k7=2.0)
-    w.send_update(0, _job(0, task=2), delta)
-    first = ctx.sent[-1]
+    first = upload(w, _job(0, task=2), delta)
+    assert first.kind == SPARSE and ctx.sent == []
     w.on_message(message(RESEND, src=0, device=0, round=1))  # not the last task: ignored
-    assert len(ctx.sent) == 1
+    assert ctx.sent == []
     w.on_message(message(RESEND, src=0, device=0, round=2))
-    s = ctx.sent[-1]
-    assert (s.kind, s.device, s.round, s.aux) == (SPARSE, 0, 2, first.aux)
+    (s,) = ctx.sent  # (the RESEND answer is the plugin's own message)
+    assert (s.rank, s.kind, s.device, s.round, s.aux) == (0, SPARSE, 0, 2, first.aux)
     assert FORMATS[s.payload[0]] == "indexed"
     np.testing.assert_array_equal(_decode(s), delta)  # a fresh receiver decodes it
     w.on_message(message(RESEND, src=0, device=2, round=0))  # never pushed: nothing
-    assert len(ctx.sent) == 2
+    assert len(ctx.sent) == 1
 
 
 def _ps_pair(*sets, data=None):
@@ -227,11 +241,9 @@ def test_with_key_caching_pushes_name_their_keys_as_a_bitmap_over_the_working_se
     wctx, w, cctx, c = _ps_pair("ps.sparse=true", "ps.key_cache=true")
     pushes = [_delta(k0=1.0, k9=-2.0), _delta(k3=0.5), _delta(k13=4.0, k6=1.0)]
     for task, delta in enumerate(pushes):
-        w.send_update(0, _job(0, task=task), delta)
-        s = wctx.sent[-1]
-        assert FORMATS[s.payload[0]] == "mask"
-        got, why, _ = c.decode(0, task, message(SPARSE, src=1, device=0, round=task,
-                                                payload=s.payload))  # fmt: skip
+        s = upload(w, _job(0, task=task), delta)
+        assert s.kind == SPARSE and FORMATS[s.payload[0]] == "mask"
+        got, why, _ = c.decode(0, task, received(s))
         assert why == "" and c.resends == 0
         np.testing.assert_array_equal(got, delta)
 
@@ -240,8 +252,8 @@ def test_without_an_accepted_working_set_the_first_push_misses_and_is_resent():
     wctx, w, cctx, c = _ps_pair("ps.sparse=true", "ps.key_cache=true")
     del c.ws_dev[0]  # (as if rank 0 had rejected device 0's WORKSET)
     delta = _delta(k0=1.0, k3=2.0)
-    w.send_update(0, _job(0, task=0), delta)
-    push = message(SPARSE, src=1, device=0, round=0, payload=wctx.sent[-1].payload)
+    push = received(upload(w, _job(0, task=0), delta))
+    assert (push.kind, push.device, push.round) == (SPARSE, 0, 0) and wctx.sent == []
 
     def answer(key):
         # the worker answers rank 0's RESEND: feed it to the worker, return its reply
@@ -259,10 +271,9 @@ def test_without_an_accepted_working_set_the_first_push_misses_and_is_resent():
 def test_a_push_outside_the_working_set_is_sent_without_the_bitmap():
     wctx, w, cctx, c = _ps_pair("ps.sparse=true", "ps.key_cache=true")
     delta = _delta(k1=1.0)  # feature 1 is in no device's data
-    w.send_update(0, _job(0), delta)
-    s = wctx.sent[-1]
-    assert FORMATS[s.payload[0]] != "mask"
-    got, why, _ = c.decode(0, 0, message(SPARSE, src=1, device=0, payload=s.payload))
+    s = upload(w, _job(0), delta)
+    assert s.kind == SPARSE and FORMATS[s.payload[0]] != "mask"
+    got, why, _ = c.decode(0, 0, received(s))
     assert why == "" and np.array_equal(got, delta)
 
 
@@ -316,10 +327,9 @@ def test_the_kkt_filter_skips_zero_weights_with_small_gradients_but_never_biases
     job = _job(0)
     job.ctx["kkt"] = FilterContext(keys, weights, np.full(NUMEL, 0.1))  # |g| <= l1
     delta = _delta(k0=0.2, k3=0.2, k12=0.2)
-    w.send_update(0, job, delta)
-    np.testing.assert_array_equal(_decode(ctx.sent[-1]), _delta(k3=0.2, k12=0.2))
-    w.flush(0, 1)
-    s = ctx.sent[-1]
+    np.testing.assert_array_equal(_decode(upload(w, job, delta)), _delta(k3=0.2, k12=0.2))
+    s = flush_upload(w, 0, 1)
+    assert s.by == "ps" and s.kind == SPARSE
     np.testing.assert_allclose(_decode(s), _delta(k0=0.2))
     assert s.aux[2:] == (1.0, 3.0)  # KKT entries skipped, seen
 
@@ -331,7 +341,7 @@ def test_device_state_round_trip_keeps_held_mass_counts_and_key_cache():
     ctx, w = _worker(*sets)
     job = _job(0, task=0)
     job.ctx["kkt"] = FilterContext(np.arange(NUMEL), np.zeros(NUMEL), np.zeros(NUMEL))
-    w.send_update(0, job, _delta(k1=0.4, k2=3.0, k5=5.0))
+    upload(w, job, _delta(k1=0.4, k2=3.0, k5=5.0))
     st = w.device_state(0)
     assert set(st) == {"filters", "produced", "cache", "kkt"}
     assert st["kkt"] == [[2, 2]]  # k1 held by significant; kkt saw and skipped k2, k5
@@ -339,9 +349,8 @@ def test_device_state_round_trip_keeps_held_mass_counts_and_key_cache():
     ctx2, w2 = _worker(*sets)
     w2.load_device_state(0, st)
     assert w2.produced[0] == w.produced[0]
-    w.flush(0, 1)
-    w2.flush(0, 1)
-    a, b = ctx.sent[-1], ctx2.sent[-1]
+    a, b = flush_upload(w, 0, 1), flush_upload(w2, 0, 1)
+    assert a.by == b.by == "ps" and a.kind == b.kind == SPARSE
     assert a.aux == b.aux
     np.testing.assert_allclose(_decode(a), _decode(b))
     np.testing.assert_allclose(_decode(b), _delta(k1=0.4, k2=3.0, k5=5.0))
@@ -350,4 +359,4 @@ def test_device_state_round_trip_keeps_held_mass_counts_and_key_cache():
 def test_loading_an_empty_device_state_sets_nothing_up():
     ctx, w = _worker("ps.sparse=true")
     w.load_device_state(0, {})
-    assert w.filters == {} and w.flush(0, 0) is False
+    assert w.filters == {} and flush_upload(w, 0, 0).by == ""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from edgefl.algorithms.base import Download
 from edgefl.algorithms.scaffold.coordinator import ScaffoldCoordinator
 from edgefl.algorithms.scaffold.kinds import CONTROL, CONTROL_UPDATE
 from edgefl.algorithms.scaffold.plugin import Scaffold
@@ -67,8 +68,9 @@ def test_the_variate_of_the_current_version_goes_before_each_model_download():
     co = half(ctx)
     co.c[:] = 0.5
     ctx.version_ = 7
-    co.on_model_send(2)
-    assert co.send_model(2) is False  # the model itself is the core's
+    down = Download(2, 7)
+    co.send_model(down)
+    assert (down.by, down.kind, down.payload) == ("", None, None)  # the model is the core's
     (s,) = ctx.sent
     assert (s.rank, s.kind, s.round) == (2, CONTROL, 7)
     assert s.payload.tolist() == [0.5] * P
@@ -82,7 +84,7 @@ def test_the_variate_sent_is_a_copy_that_later_steps_do_not_change():
     ctx = Keeping(config(None, "scaffold.enabled=true"), {0: 1}, numel=N)
     ctx.flat_ = Flat(N, P)
     co = half(ctx)
-    co.on_model_send(1)
+    co.send_model(Download(1, 0))
     co.c += 1.0
     assert ctx.sent[0].tolist() == [0.0] * P
 

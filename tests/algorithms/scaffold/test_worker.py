@@ -6,14 +6,22 @@ import numpy as np
 import pytest
 import torch
 
-from edgefl.algorithms.base import LocalJob, TaskSpec
+from edgefl.algorithms.base import Download, LocalJob, TaskSpec
 from edgefl.algorithms.scaffold.coordinator import ScaffoldCoordinator
 from edgefl.algorithms.scaffold.kinds import CONTROL, CONTROL_UPDATE
 from edgefl.algorithms.scaffold.plugin import Scaffold
 from edgefl.models.flat import FlatParams
 from edgefl.training.client import FitContext, FitTask
 
-from ..fakes import FakeCoordinatorContext, FakeWorkerContext, config, message
+from ..fakes import (
+    FakeCoordinatorContext,
+    FakeWorkerContext,
+    config,
+    flush_upload,
+    message,
+    received,
+    upload,
+)
 
 ON = "scaffold.enabled=true"
 
@@ -108,18 +116,33 @@ def test_a_later_task_corrects_the_gradient_by_c_minus_c_i():
     assert run_hook(j) == [12.0, 9.0, 10.0]
 
 
-def test_send_update_sends_the_delta_and_the_option_ii_variate_change():
+def test_encode_sends_the_delta_and_the_option_ii_variate_change():
     ctx, w, m, flat = make()
     w.on_message(control(0, [1, 1, 1]))
     j = job(m, flat, task=7, lr=0.5, steps=4)
     w.before_train(0, j)
     delta = np.array([2.0, -4.0, 0.0], np.float32)
-    assert w.send_update(0, j, delta) is True
-    (s,) = ctx.sent
-    assert (s.rank, s.kind, s.device, s.round, s.aux) == (0, CONTROL_UPDATE, 0, 7, j.aux)
+    s = upload(w, j, delta)
+    assert (s.by, s.kind, s.device, s.task, s.aux) == ("scaffold", CONTROL_UPDATE, 0, 7, j.aux)
+    assert ctx.sent == []  # the core sends the one message
     dc = [-1 - 2.0 / 2, -1 + 4.0 / 2, -1.0]  # -c - delta / (K lr), K lr = 2
     assert s.payload.tolist() == [2.0, -4.0, 0.0, *dc]
     assert w.ci[0].tolist() == dc  # c_i+ = c_i + dc_i, from zeros
+    delta[:] = 9.0  # the core's buffer goes back to the pool: the payload is a copy
+    assert s.payload.tolist() == [2.0, -4.0, 0.0, *dc]
+
+
+def test_the_end_of_training_flush_is_left_to_the_core():
+    ctx, w, m, flat = make()
+    w.on_message(control(0, [1, 1, 1]))
+    j = job(m, flat, lr=0.5, steps=4)
+    w.before_train(0, j)
+    upload(w, j, np.ones(3, np.float32))
+    ci = w.ci[0].tolist()
+    up = flush_upload(w, 0, 1)
+    assert (up.by, up.kind, up.payload) == ("", None, None)  # the core's zero UPDATE
+    assert up.aux == (4.0, 0.0, 0.0, 0.0) and not up.delta.any()
+    assert w.ci[0].tolist() == ci and ctx.sent == []
 
 
 def test_c_i_accumulates_over_tasks():
@@ -128,7 +151,7 @@ def test_c_i_accumulates_over_tasks():
     w.on_message(control(0, [0, 0, 0]))
     j = job(m, flat, lr=1.0, steps=1)
     w.before_train(0, j)
-    w.send_update(0, j, np.array([1.0, 1.0, 1.0], np.float32))
+    upload(w, j, np.array([1.0, 1.0, 1.0], np.float32))
     assert w.ci[0].tolist() == [0.0, 1.0, 2.0]
 
 
@@ -137,8 +160,8 @@ def test_a_task_without_a_step_sends_a_zero_variate_change():
     w.on_message(control(0, [5, 5, 5]))
     j = job(m, flat, steps=0)
     w.before_train(0, j)
-    w.send_update(0, j, np.ones(3, np.float32))
-    assert ctx.sent[0].payload[3:].tolist() == [0.0] * 3 and w.ci[0].tolist() == [0.0] * 3
+    up = upload(w, j, np.ones(3, np.float32))
+    assert up.payload[3:].tolist() == [0.0] * 3 and w.ci[0].tolist() == [0.0] * 3
 
 
 def test_device_state_round_trips_c_i_and_is_empty_before_the_first_task():
@@ -160,14 +183,15 @@ def test_the_coordinator_decodes_what_the_worker_sends():
     c_ctx.flat_ = flat
     co = ScaffoldCoordinator(c_ctx, "scaffold")
     co.c[:] = [1.0, 0.0, -1.0]
-    co.on_model_send(1)
+    dl = Download(1, 0)
+    co.send_model(dl)
+    assert dl.by == ""  # the model itself is the core's
     down = c_ctx.sent[0]
     w.on_message(control(down.round, down.payload))
     j = job(m, flat, lr=0.1, steps=10)
     w.before_train(0, j)
-    w.send_update(0, j, np.array([1.0, 2.0, 3.0], np.float32))
-    up = ctx.sent[0]
-    delta, why, _ = co.decode(0, 0, message(up.kind, device=0, payload=up.payload))
+    up = upload(w, j, np.array([1.0, 2.0, 3.0], np.float32))
+    delta, why, _ = co.decode(0, 0, received(up))
     assert why == "" and delta.tolist() == [1.0, 2.0, 3.0]
     assert co.pending[0].tolist() == w.ci[0].tolist() == [-2.0, -2.0, -2.0]
 

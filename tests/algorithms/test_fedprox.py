@@ -1,18 +1,106 @@
-"""edgefl.algorithms.fedprox.worker: the proximal term added to every local gradient."""
+"""edgefl.algorithms.fedprox (one module: its config section, the proximal hook, the worker
+half, the plugin class), each without MPI."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from edgefl.algorithms.base import LocalJob, TaskSpec
-from edgefl.algorithms.fedprox.worker import FedProxWorker
+import edgefl.algorithms.fedprox
+from edgefl.algorithms import (
+    BUILTIN,
+    builtin_classes,
+    check_config,
+    coordinator_plugins,
+    load,
+    worker_plugins,
+)
+from edgefl.algorithms.base import LocalJob, Plugin, TaskSpec
+from edgefl.algorithms.fedprox import SECTIONS, FedProx, FedProxWorker
+from edgefl.config.fields import Field
+from edgefl.errors import ConfigError
 from edgefl.models.flat import FlatParams
 from edgefl.training.client import FitContext
 
-from ..fakes import FakeWorkerContext, config
+from .fakes import FakeCoordinatorContext, FakeWorkerContext, config
+
+
+def test_one_module_documents_its_rule_and_holds_the_whole_algorithm():
+    mod = edgefl.algorithms.fedprox
+    assert "mu * (w - w_global)" in mod.__doc__ and "FitContext.grad_hooks" in mod.__doc__
+    assert not hasattr(mod, "__path__")  # a module, not a package
+    assert FedProx.sections is SECTIONS and FedProx.worker is FedProxWorker
+
+
+def test_the_module_provides_a_built_in_plugin_and_imports_without_torch():
+    assert "fedprox:FedProx" in BUILTIN
+    cls = next(c for c in builtin_classes() if c.name == "fedprox")
+    assert cls.__module__ == "edgefl.algorithms.fedprox"
+    code = (
+        "import sys; import edgefl.algorithms.fedprox as m; "
+        "assert 'fedprox' in m.SECTIONS; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_the_section_is_fedprox_made_of_fields():
+    assert set(SECTIONS) == {"fedprox"} and set(SECTIONS["fedprox"]) == {"enabled", "mu"}
+    assert all(isinstance(f, Field) for f in SECTIONS["fedprox"].values())
+
+
+def test_off_by_default_with_a_small_mu():
+    cfg = config()
+    assert cfg["fedprox"] == {"enabled": False, "mu": 0.01}
+    f = SECTIONS["fedprox"]
+    assert f["enabled"].type == "bool" and f["mu"].type == "float"
+    assert f["mu"].min == 0.0 and not f["mu"].exclusive_min  # mu = 0 is FedAvg, allowed
+
+
+@pytest.mark.parametrize(
+    "setting, key",
+    [
+        ("fedprox.mu=-0.1", "fedprox.mu"),
+        ('fedprox.mu="big"', "fedprox.mu"),
+        ("fedprox.enabled=1", "fedprox.enabled"),
+        ("fedprox.lam=1", "fedprox.lam"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_its_key(setting, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        config(None, setting)
+
+
+def test_good_values_are_taken():
+    cfg = config(None, "fedprox.enabled=true", "fedprox.mu=0")
+    assert cfg["fedprox"] == {"enabled": True, "mu": 0.0}
+    assert config(None, "fedprox.mu=1")["fedprox"]["mu"] == 1.0
+
+
+def test_the_plugin_has_a_worker_half_only():
+    assert issubclass(FedProx, Plugin) and FedProx.name == "fedprox"
+    assert FedProx.worker is FedProxWorker and FedProx.coordinator is None
+    assert FedProx.requires == ()
+
+
+def test_it_follows_fedprox_enabled():
+    assert not FedProx.enabled(config()) and FedProx not in load(config())
+    cfg = config(None, "fedprox.enabled=true")
+    assert FedProx.enabled(cfg) and FedProx in load(cfg)
+    check_config(cfg)
+
+
+def test_the_runtime_builds_its_worker_half_and_no_coordinator_half():
+    cfg = config(None, "fedprox.enabled=true")
+    halves = [p for p in worker_plugins(FakeWorkerContext(cfg, {0: [1]})) if p.name == "fedprox"]
+    assert len(halves) == 1 and isinstance(halves[0], FedProxWorker)
+    ctx = FakeCoordinatorContext(cfg, {0: 1})
+    assert all(p.name != "fedprox" for p in coordinator_plugins(ctx))
 
 
 def _model() -> tuple[nn.Module, FlatParams]:
