@@ -23,7 +23,7 @@ from torch import nn
 
 from edgefl.algorithms import check_config
 from edgefl.algorithms.base import Plugin, WorkerPlugin
-from edgefl.algorithms.fedbn.checks import check_buffers
+from edgefl.algorithms.fedbn import check_buffers
 from edgefl.config import load_config
 from edgefl.errors import ConfigError
 from edgefl.models import FlatParams, build_model, layout_signature

@@ -177,7 +177,7 @@ def test_client_metrics_reach_the_rows(regression_inline):
 
 
 def test_client_metrics_decoding_refuses_bad_payloads():
-    from edgefl.algorithms.clientmetrics.codec import decode
+    from edgefl.algorithms.clientmetrics import decode_metrics as decode
 
     ok = np.frombuffer(b'{"samples": 3, "mae": 0.5}', np.uint8)
     assert decode(ok) == {"samples": 3.0, "mae": 0.5}
@@ -294,7 +294,7 @@ def test_proximal_hook_is_the_gradient_of_the_proximal_term():
 
 
 def test_scaffold_variates():
-    from edgefl.algorithms.scaffold.variates import client_delta, server_step
+    from edgefl.algorithms.scaffold import client_delta, server_step
 
     c = np.array([1.0, -2.0], np.float32)
     delta = np.array([0.5, 0.25], np.float32)  # y - x after K = 5 steps at lr 0.1

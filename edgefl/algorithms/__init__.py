@@ -46,10 +46,10 @@ BUILTIN = (
     "dp.plugin:DP",
     "fedeval.plugin:FederatedEvaluation",
     "fedprox:FedProx",
-    "scaffold.plugin:Scaffold",
-    "fedbn.plugin:ModelBuffers",
-    "fedbn.plugin:FedBN",
-    "clientmetrics.plugin:ClientMetrics",
+    "scaffold:Scaffold",
+    "fedbn:ModelBuffers",
+    "fedbn:FedBN",
+    "clientmetrics:ClientMetrics",
 )
 
 

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from edgefl.algorithms.base import Download, LocalJob, TaskSpec, Upload
-from edgefl.algorithms.fedbn.plugin import FedBN
+from edgefl.algorithms.fedbn import FedBN
 from edgefl.algorithms.gddr.kinds import RESIDUAL
 from edgefl.algorithms.gddr.plugin import GDDR
 from edgefl.algorithms.ps.plugin import ParameterServer
-from edgefl.algorithms.scaffold.plugin import Scaffold
+from edgefl.algorithms.scaffold import Scaffold
 from edgefl.comm import Kind
 from edgefl.models.flat import FlatParams
 

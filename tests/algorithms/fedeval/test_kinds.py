@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from edgefl.algorithms.clientmetrics.kinds import CLIENT_METRICS
+from edgefl.algorithms.clientmetrics import CLIENT_METRICS
 from edgefl.algorithms.fedeval.kinds import FED_EVAL
-from edgefl.algorithms.scaffold.kinds import CONTROL, CONTROL_UPDATE
+from edgefl.algorithms.scaffold import CONTROL, CONTROL_UPDATE
 from edgefl.comm.wire import SPECS, DType, Kind, kind_of
 
 
