@@ -62,6 +62,23 @@ class Result:
         self.metrics: list[dict] = _read_jsonl(self.run_dir / "metrics.jsonl")
         self.summary: dict = _read_json(self.run_dir / "summary.json")
 
+    @staticmethod
+    def rows_so_far(run_dir: str | Path) -> list[dict]:
+        """The metrics rows a running (or killed) run has written so far: ``metrics.jsonl``
+        without a last line cut off mid-write; [] while there is none. (A finished run:
+        ``Result(run_dir).metrics``.)"""
+        try:
+            text = (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8")
+        except (FileNotFoundError, UnicodeDecodeError):
+            return []
+        rows = []
+        for line in text.splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                break  # (the line being written, or one a kill cut off)
+        return rows
+
     @property
     def final_accuracy(self) -> float | None:
         """Test accuracy (fraction in [0, 1]) of the final model; None if never evaluated."""

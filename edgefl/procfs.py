@@ -302,6 +302,7 @@ class Proc:
     last_seen: float
     peak_rss: int = 0
     fork: bool = False  # a copy of its parent, not exec'd (yet): left out of the sums
+    cpu_s: float = 0.0  # user + system CPU seconds at the last sample that saw it
 
     @property
     def exe(self) -> str:
@@ -313,8 +314,9 @@ class TreeSampler:
     """Samples the process tree below ``root`` (itself included) every ``interval`` seconds
     on a thread: the peaks of the summed resident set sizes (``peak_rss``) and of the summed
     anonymous memory (``peak_anon``), in bytes, and every process seen (``procs``: start
-    time from /proc, argv, last time seen, its own peak RSS). A fork that has not exec'd
-    (same argv as its parent) shares its parent's pages and is left out of the sums.
+    time from /proc, argv, last time seen, its own peak RSS, its CPU seconds so far). A
+    fork that has not exec'd (same argv as its parent) shares its parent's pages and is
+    left out of the sums.
 
     Args:
         root: pid of the tree's root (a child of this process).
@@ -358,10 +360,10 @@ class TreeSampler:
                 continue
             resident, anon = mem[0], max(mem[0] - mem[1], 0)
             p = self.procs.get(pid)
+            st = stat(pid)
+            if st is None:
+                continue
             if p is None:
-                st = stat(pid)
-                if st is None:
-                    continue
                 argv = cmdline(pid) or []
                 p = Proc(pid, st.ppid, self.boot + st.start / CLK_TCK, argv, now, now)
                 self.procs[pid] = p
@@ -371,6 +373,7 @@ class TreeSampler:
             # a fork that has not exec'd yet shares its parent's pages: not counted twice
             p.fork = parent is not None and pid != self.root and p.argv == parent.argv
             p.last_seen = now
+            p.cpu_s = st.cpu_s
             if p.fork:
                 continue
             p.peak_rss = max(p.peak_rss, resident)

@@ -272,3 +272,13 @@ def test_import_edgefl_stays_cheap():
     assert proc.stdout.strip() == "[] True", proc.stderr
     with pytest.raises(AttributeError, match="no attribute 'simulat'"):
         edgefl.simulat  # noqa: B018
+
+
+def test_rows_so_far_reads_a_running_runs_rows_without_the_cut_off_line(tmp_path):
+    from edgefl.api import Result
+
+    assert Result.rows_so_far(tmp_path) == []  # nothing written yet
+    (tmp_path / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2}\n{"rou')
+    assert Result.rows_so_far(tmp_path) == [{"round": 1}, {"round": 2}]
+    (tmp_path / "metrics.jsonl").write_bytes(b'{"round": 1}\n\xff\xfe')
+    assert Result.rows_so_far(tmp_path) == []  # (not text: nothing to read yet)

@@ -18,13 +18,16 @@ linux = pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="Linux 
 
 @linux
 def test_tree_rss_and_cpu_of_a_process_tree(tmp_path):
-    got = scale.tree_rss(os.getpid())
-    rss, cpu = got[os.getpid()]
-    assert rss > 10_000_000 and cpu > 0
     watch = tmp_path / "rows.jsonl"
-    code = f"import time; open({str(watch)!r}, 'w').write('{{}}\\n'); time.sleep(0.3)"
+    code = (
+        f"import time; open({str(watch)!r}, 'w').write('{{}}\\n'); t = time.time()\n"
+        "while time.time() - t < 0.3: pass"
+    )
     m = scale.run_measured([sys.executable, "-c", code], interval=0.02, watch=watch)
     assert m.rc == 0 and m.peak > 1_000_000 and len(m.marks) == 1 and m.wall >= 0.3
+    name = os.path.basename(sys.executable)
+    assert m.each[name] == m.peak  # one process: its own peak is the tree's
+    assert 0.1 < m.cpu[name] <= m.wall + 0.1  # it spun for 0.3 s (seen at the last sample)
 
 
 def test_fit_and_per_device_lines(capsys):

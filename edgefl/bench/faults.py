@@ -170,17 +170,16 @@ def base_sets(args: argparse.Namespace) -> list[str]:
 
 
 def _summary(out: Path) -> dict:
-    return json.loads((out / "summary.json").read_text())
+    from ..api import Result
+
+    return Result(out).summary
 
 
 def _metric_rounds(out: Path) -> list[int]:
-    rounds = []
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        try:
-            rounds.append(int(json.loads(line)["round"]))
-        except (json.JSONDecodeError, KeyError):
-            pass  # a line cut off by a kill
-    return rounds
+    """The rounds of the rows written so far (a line cut off by a kill left out)."""
+    from ..api import Result
+
+    return [int(r["round"]) for r in Result.rows_so_far(out) if "round" in r]
 
 
 def _cmd(out: Path | None, sets: list[str], resume: Path | None = None) -> list[str]:

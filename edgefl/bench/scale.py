@@ -61,7 +61,6 @@ import time
 from pathlib import Path
 
 from .. import procfs
-from ..procfs import tree_usage as tree_rss
 from .common import simulate_command
 
 NAME = "scale"
@@ -123,7 +122,7 @@ def data_bytes_per_device(cfg: dict) -> int:
     return row * (a["min_samples"] + a["test_samples_per_device"])
 
 
-# -- peak RSS of a process tree: edgefl.procfs.tree_usage (tree_rss) --------------------
+# -- peak RSS and CPU of a process tree: edgefl.procfs.TreeSampler ----------------------
 def _label(pid: int) -> str:
     """What process ``pid`` is: ``rank N`` (an MPI rank), else its program's name."""
     env = procfs.environ(pid)
@@ -156,35 +155,42 @@ class Measured:
 
 def run_measured(cmd: list[str], interval: float = 0.05, watch: Path | None = None,
                  **popen) -> Measured:  # fmt: skip
-    """Run ``cmd``, sampling RSS and CPU time of its process tree every ``interval`` s."""
+    """Run ``cmd``, sampling RSS and CPU time of its process tree every ``interval`` s (the
+    one tree sampler, :class:`edgefl.procfs.TreeSampler`); with ``watch``, the CPU seconds
+    by process label each time a line is added to that file (``marks``)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, **popen)
-    peak, each, cpu, labels, marks, size = 0, {}, {}, {}, [], -1
+    sampler = procfs.TreeSampler(proc.pid, interval).start()
+    labels: dict[int, str] = {}
+    marks: list[dict[str, float]] = []
+    size = -1
     while proc.poll() is None:
-        got = tree_rss(proc.pid)
-        peak = max(peak, sum(b for b, _ in got.values()))
-        for p, (b, c) in got.items():
+        seen = dict(sampler.procs)
+        for p in seen:
             if p not in labels:
                 labels[p] = _label(p)
-            each[p] = max(each.get(p, 0), b)
-            cpu[p] = c  # (the last sample: CPU after it is not seen)
         if watch is not None and watch.exists() and watch.stat().st_size != size:
             size = watch.stat().st_size
             lines = watch.read_bytes().count(b"\n")
-            now = _by_label(labels, cpu)
+            now = _by_label(labels, {p: q.cpu_s for p, q in seen.items() if not q.fork})
             marks += [now] * (lines - len(marks))
         time.sleep(interval)
     wall = time.perf_counter() - t0
+    sampler.stop()
+    procs = {p: q for p, q in sampler.procs.items() if not q.fork}
     by_label: dict[str, int] = {}
-    for p, b in each.items():
-        by_label[labels[p]] = max(by_label.get(labels[p], 0), b)
-    return Measured(proc.returncode, wall, peak, by_label, _by_label(labels, cpu), marks)
+    for p, q in procs.items():
+        name = labels.get(p, "?")
+        by_label[name] = max(by_label.get(name, 0), q.peak_rss)
+    cpu = _by_label(labels, {p: q.cpu_s for p, q in procs.items()})
+    return Measured(proc.returncode, wall, sampler.peak_rss, by_label, cpu, marks)
 
 
 def _by_label(labels: dict[int, str], cpu: dict[int, float]) -> dict[str, float]:
     out: dict[str, float] = {}
     for p, c in cpu.items():
-        out[labels[p]] = out.get(labels[p], 0.0) + c
+        name = labels.get(p, "?")
+        out[name] = out.get(name, 0.0) + c
     return out
 
 

@@ -174,12 +174,10 @@ def round_marks(run_dir: Path) -> tuple[float | None, float | None, int]:
     """Unix times of the end of round 1 and of the last round, from metrics.jsonl: its
     ``wall_time_s`` (rank 0's clock since its loop started) anchored by the file's
     modification time (the append of the last row); and the number of rows."""
-    path = run_dir / "metrics.jsonl"
-    mtime = _mtime(path)
-    try:
-        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    except (OSError, ValueError):
-        return None, None, 0
+    from ..api import Result
+
+    mtime = _mtime(run_dir / "metrics.jsonl")
+    rows = Result.rows_so_far(run_dir)
     if mtime is None or not rows:
         return None, None, len(rows)
     last = rows[-1]["wall_time_s"]
