@@ -25,6 +25,7 @@ BENCHES = (
     "startup",
     "scale",
     "kernels",
+    "stacked",
 )
 
 

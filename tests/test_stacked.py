@@ -1,0 +1,172 @@
+"""edgefl.training.stacked: many devices' local SGD as one stacked computation, against
+the sequential trainer (fit_loop) run device by device: the same examples in the same
+orders (each device's own generator), the same result within float32 rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from edgefl.training.client import FitContext
+from edgefl.training.stacked import fit_stacked, groups
+from edgefl.training.trainer import fit_loop
+
+K, N, D, C = 6, 23, 5, 3
+
+
+def _data(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(K, N, D, generator=g)
+    Y = torch.randint(0, C, (K, N), generator=g)
+    return X, Y
+
+
+def _model(kind: str) -> nn.Module:
+    torch.manual_seed(1)
+    if kind == "logreg":
+        return nn.Linear(D, C)
+    return nn.Sequential(nn.Linear(D, 8), nn.ReLU(), nn.Linear(8, C))
+
+
+def _gens(task: int = 0) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(1000 * d + task) for d in range(K)]
+
+
+def _sequential(model, X, Y, *, lr, epochs, steps, batch_size, momentum, weight_decay):
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out, losses = [], []
+    for d, g in enumerate(_gens()):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(start[n])
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                              weight_decay=weight_decay)  # fmt: skip
+        ctx = FitContext(d, 0, 0, g, "cpu", nn.functional.cross_entropy, None)
+        loss, _ = fit_loop(model, TensorDataset(X[d], Y[d]), epochs=epochs, steps=steps,
+                           batch_size=batch_size, generator=g, optimizer=opt, ctx=ctx)  # fmt: skip
+        out.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        losses.append(loss)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(start[n])
+    return start, out, losses
+
+
+CASES = [
+    ("logreg", dict(lr=0.1, epochs=0, steps=5, batch_size=0, momentum=0.0, weight_decay=0.0)),
+    ("logreg", dict(lr=0.05, epochs=2, steps=0, batch_size=4, momentum=0.9, weight_decay=0.0)),
+    ("mlp", dict(lr=0.05, epochs=1, steps=0, batch_size=5, momentum=0.0, weight_decay=1e-3)),
+    ("mlp", dict(lr=0.05, epochs=0, steps=7, batch_size=8, momentum=0.5, weight_decay=1e-4)),
+]
+
+
+@pytest.mark.parametrize("kind, opts", CASES)
+def test_the_stack_trains_each_device_as_the_sequential_trainer_does(kind, opts):
+    X, Y = _data()
+    model = _model(kind)
+    start, want, want_loss = _sequential(model, X, Y, **opts)
+    got, got_loss = fit_stacked(model, start, X, Y, generators=_gens(),
+                                loss=nn.functional.cross_entropy, **opts)  # fmt: skip
+    worst = 0.0
+    for d in range(K):
+        for n in start:
+            ref = want[d][n]
+            diff = (got[n][d] - ref).abs().max().item()
+            worst = max(worst, diff / max(ref.abs().max().item(), 1e-6))
+            assert not torch.equal(ref, start[n])  # (the device trained)
+    assert worst < 1e-5, f"max relative difference {worst:.2e}"
+    np.testing.assert_allclose(got_loss.numpy(), np.array(want_loss), rtol=1e-5, atol=1e-6)
+
+
+def test_one_call_is_deterministic_and_leaves_the_model_alone():
+    X, Y = _data(3)
+    model = _model("mlp")
+    before = [p.detach().clone() for p in model.parameters()]
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    runs = [
+        fit_stacked(
+            model,
+            start,
+            X,
+            Y,
+            generators=_gens(),
+            loss=nn.functional.cross_entropy,
+            lr=0.05,
+            epochs=2,
+            batch_size=4,
+            momentum=0.9,
+        )[0]  # fmt: skip
+        for _ in range(2)
+    ]
+    assert all(torch.equal(runs[0][n], runs[1][n]) for n in start)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_bad_shapes_and_buffers_are_refused_and_no_step_returns_the_start():
+    X, Y = _data()
+    model = _model("logreg")
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ce = nn.functional.cross_entropy
+    with pytest.raises(ValueError, match="6 generators"):
+        fit_stacked(model, start, X, Y, generators=_gens()[:2], loss=ce, lr=0.1)
+    bn = nn.Sequential(nn.Linear(D, C), nn.BatchNorm1d(C))
+    with pytest.raises(ValueError, match="buffers"):
+        fit_stacked(bn, dict(bn.named_parameters()), X, Y, generators=_gens(), loss=ce, lr=0.1)
+    got, losses = fit_stacked(model, start, X, Y, generators=_gens(), loss=ce, lr=0.1,
+                              epochs=0, steps=0)  # fmt: skip
+    assert all(torch.equal(got[n][d], start[n]) for n in start for d in range(K))
+    assert torch.equal(losses, torch.zeros(K))
+
+
+def test_groups_gathers_devices_of_one_size():
+    assert groups([5, 3, 5, 7, 3]) == {5: [0, 2], 3: [1, 4], 7: [3]}
+
+
+def test_fedprox_and_scaffold_terms_match_their_gradient_hooks():
+    """The per-device terms of FedProx (mu (w - w_start)) and SCAFFOLD (c - c_i) in the
+    stack equal the plugins' own gradient hooks on the sequential path."""
+    from edgefl.algorithms.fedprox import proximal_hook
+    from edgefl.algorithms.scaffold import correction_hook
+    from edgefl.models.flat import FlatParams
+
+    X, Y = _data(5)
+    model = _model("mlp")
+    flat = FlatParams(model)
+    params = [p for _, p in model.named_parameters()]
+    offsets = flat.offsets[: len(params)]
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    anchor = flat.snapshot()
+    rng = np.random.default_rng(0)
+    corr = [rng.normal(0, 0.1, flat.param_numel).astype(np.float32) for _ in range(K)]
+    opts = dict(lr=0.05, epochs=1, steps=0, batch_size=6, momentum=0.0, weight_decay=0.0)
+    for mu, use_corr in ((0.3, False), (0.0, True)):
+        want = []
+        for d, g in enumerate(_gens()):
+            flat.from_host(anchor)
+            opt = torch.optim.SGD(model.parameters(), lr=opts["lr"])
+            ctx = FitContext(d, 0, 0, g, "cpu", nn.functional.cross_entropy, None)
+            if mu:
+                ctx.grad_hooks.append(proximal_hook(params, offsets, anchor, mu))
+            if use_corr:
+                ctx.grad_hooks.append(correction_hook(params, offsets, corr[d]))
+            fit_loop(model, TensorDataset(X[d], Y[d]), epochs=1, steps=0, batch_size=6,
+                     generator=g, optimizer=opt, ctx=ctx)  # fmt: skip
+            want.append(flat.snapshot())
+        flat.from_host(anchor)
+        stacked_corr = None
+        if use_corr:
+            stacked_corr = {}
+            for (n, p), off in zip(model.named_parameters(), offsets):
+                part = [torch.from_numpy(c[off : off + p.numel()]).view_as(p) for c in corr]
+                stacked_corr[n] = torch.stack(part)
+        got, _ = fit_stacked(model, start, X, Y, generators=_gens(),
+                             loss=nn.functional.cross_entropy, prox_mu=mu,
+                             corrections=stacked_corr, **opts)  # fmt: skip
+        for d in range(K):
+            vec = torch.cat([got[n][d].reshape(-1) for n, _ in model.named_parameters()])
+            ref = torch.from_numpy(want[d][: flat.param_numel])
+            assert (vec - ref).abs().max() <= 1e-5 * ref.abs().max(), (mu, use_corr, d)
+            assert not torch.allclose(vec, torch.from_numpy(anchor[: flat.param_numel]))
