@@ -170,3 +170,16 @@ def test_fedprox_and_scaffold_terms_match_their_gradient_hooks():
             ref = torch.from_numpy(want[d][: flat.param_numel])
             assert (vec - ref).abs().max() <= 1e-5 * ref.abs().max(), (mu, use_corr, d)
             assert not torch.allclose(vec, torch.from_numpy(anchor[: flat.param_numel]))
+
+
+def test_a_devices_result_does_not_depend_on_the_others_in_its_stack():
+    X, Y = _data(7)
+    model = _model("mlp")
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ce = nn.functional.cross_entropy
+    opts = dict(loss=ce, lr=0.1, epochs=1, batch_size=4, momentum=0.5)
+    full, _ = fit_stacked(model, start, X, Y, generators=_gens(), **opts)
+    for sub in ([3], [2, 3], [0, 1, 3, 5]):
+        gens = [_gens()[i] for i in sub]
+        part, _ = fit_stacked(model, start, X[sub], Y[sub], generators=gens, **opts)
+        assert all(torch.equal(full[n][3], part[n][sub.index(3)]) for n in start), sub

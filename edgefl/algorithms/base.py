@@ -253,6 +253,11 @@ class WorkerPlugin:
     hooks are documented in the module docstring."""
 
     message_kinds: ClassVar[tuple[int, ...]] = ()  # downward kinds this half handles
+    #: a half that overrides a training hook (``before_train``, ``train``, ``after_train``,
+    #: ``gate``) and still lets its devices train in a stacked group (``train.vectorize =
+    #: "auto"``: one computation for many devices, no per-device model object during the
+    #: steps) says so here; otherwise such a half keeps its rank on the one-by-one path.
+    stackable: ClassVar[bool] = False
 
     def __init__(self, ctx: WorkerContext, name: str) -> None:
         self.ctx = ctx

@@ -5,8 +5,8 @@ this process on one core, side by side.
 The job is the issue's FedAvg probe: logistic regression (or ``--model mlp``), ``--samples``
 examples per device, ``--steps`` full-batch SGD steps (``--batch`` for mini-batches), every
 device starting from one model. Printed: seconds per device of each path, their ratio,
-and the largest relative difference of the trained parameters. Not yet wired into the
-worker (``train.vectorize`` is the next step): this measures the kernel alone.
+and the largest relative difference of the trained parameters. This measures the kernel
+alone; a job uses it with ``train.vectorize = "auto"`` (edgefl/runtime/stacking.py).
 """
 
 from __future__ import annotations

@@ -184,6 +184,15 @@ _CORE: dict[str, Any] = {
             0.0, "float", "Local SGD momentum (reset every round).", min=0.0, max=1.0
         ),
         "weight_decay": field(0.0, "float", "Local SGD L2 weight decay.", min=0.0),
+        "vectorize": field(
+            "off",
+            "str",
+            "off: each task trains alone (the reference; every golden hash). auto: a "
+            "worker trains its queued tasks of one model version as one stacked torch.func "
+            "computation where it can (equal to off within float32 rounding, not bit for "
+            "bit), else alone, saying why once (docs/performance.md).",
+            choices=("off", "auto"),
+        ),
         "client": field(
             "",
             "str",

@@ -33,7 +33,8 @@ from ..seeding import SUBSET, TRAIN, derive_seed
 from ..server import make_client
 from ..training import FitContext, FitTask, check_result, load_client, lr_at, resolve_loss
 from ..training.optim import optimizer_factory
-from . import devstate
+from ..training.trainer import as_tensors
+from . import devstate, stacking
 from .blame import STARTED
 from .contexts import RuntimeWorkerContext
 from .debughooks import WorkerDebug
@@ -131,6 +132,13 @@ class Worker:
         self._hold = self._hold if self._hold > 1 else 0
         self._held: list[tuple[int, int, tuple, np.ndarray]] = []  # (device, task, aux, delta)
         self._held_since = 0.0
+        self.stack = False  # train.vectorize: queued tasks trained together (stacking.py)
+        self.stacked_tasks = 0
+        if cfg["train"]["vectorize"] == "auto":
+            why = stacking.why_not(self)
+            self.stack = why is None
+            if why and self.rank == servers + 1:  # (said once: by the first worker)
+                log.warning("train.vectorize = 'auto': every task trains alone because %s", why)
 
     def buffer(self) -> np.ndarray:
         """A model-sized float32 buffer (recycled)."""
@@ -261,7 +269,11 @@ class Worker:
                         self._await_farewell()
                     return int(msg.aux[0])
                 self._on_message(msg)
-            if self.queue and self._ready(self.queue[0]):
+            group = self._group() if self.stack else []
+            if group:
+                self._train_group(group)
+                self._forget_versions()
+            elif self.queue and self._ready(self.queue[0]):
                 device, task, version, spec = self.queue.popleft()
                 if spec.flags & ISOLATE and self._held:  # (rank 0 must know what runs)
                     self._send_held()
@@ -452,6 +464,66 @@ class Worker:
         if pooled and not shared:
             self.free(up.delta)
         return True
+
+    def _group(self) -> list[tuple[int, int, int, TaskSpec]]:
+        def size_of(d: int) -> int | None:
+            ds = (self.split(d) or (self.data.train(d), None))[0]
+            return len(ds) if as_tensors(ds) is not None else None
+
+        return stacking.take_group(self.queue, self._ready, size_of, self.torch_dev)
+
+    def _train_group(self, items: list[tuple[int, int, int, TaskSpec]]) -> None:
+        """Train ``items`` (:func:`.stacking.take_group`) as one stack, then each goes on as
+        a task trained alone does (``after_train``, the update pipeline, its UPDATE)."""
+        from ..training.stacked import fit_stacked
+
+        version = items[0][2]
+        jobs = []
+        for device, task, v, spec in items:
+            self.doing = f"training device {device} (task {task}, model version {v}, stacked)"
+            if self._snap:
+                self.snapshots[device] = (task, devstate.snapshot(self, device))
+            self.debug.before_task()
+            st = self._local_state(device, v, spec.flags)
+            job, _ = self._job(device, task, v, spec, st)
+            job.new_model = True
+            for p in self.plugins:
+                p.before_train(device, job)
+            jobs.append(job)
+        self.doing = f"training {len(jobs)} devices stacked (model version {version})"
+        dev = jobs[0].torch_device
+        model, flat = self.model_on(dev)
+        flat.from_host(self.versions[version])
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        data = [as_tensors(j.dataset) for j in jobs]
+        X = torch.stack([x for x, _ in data]).to(dev)
+        Y = torch.stack([y for _, y in data]).to(dev)
+        ft, tr = jobs[0].fit_task, self.cfg["train"]
+        t0 = time.perf_counter()
+        got, losses = fit_stacked(
+            model, start, X, Y, generators=[j.fit_ctx.generator for j in jobs], loss=self.loss,
+            lr=ft.lr, epochs=ft.epochs, steps=ft.steps, batch_size=ft.batch_size,
+            momentum=tr["momentum"], weight_decay=tr["weight_decay"],
+        )  # fmt: skip
+        if dev.startswith("cuda"):
+            torch.cuda.synchronize(dev)
+        seconds = (time.perf_counter() - t0) / len(jobs)
+        names = [n for n, _ in model.named_parameters()]
+        for i, job in enumerate(jobs):
+            self.doing = f"training device {job.device} (task {job.task}, stacked)"
+            with torch.no_grad():
+                for n, p in zip(names, model.parameters(), strict=True):
+                    p.copy_(got[n][i])
+            job.fit_ctx.steps = stacking.steps_of(ft.epochs, ft.steps, ft.batch_size,
+                                                  len(job.dataset))  # fmt: skip
+            for p in self.plugins:
+                p.after_train(job.device, job)
+            delta = self.buffer()
+            np.subtract(flat.to_host(), self.versions[version], out=delta)
+            self.debug.alter(job.device, delta)
+            job.aux = (float(self.data.num_samples(job.device)), float(losses[i]), seconds, 0.0)
+            self._send_update(job.device, job, delta)
+        self.stacked_tasks += len(jobs)
 
     def _flush(self, device: int, task: int) -> None:
         """End of training: a plugin encodes what the device holds back, or a zero UPDATE

@@ -16,6 +16,10 @@ class HermesWorker(WorkerPlugin):
     out; after every local iteration the gate sees the held-out loss and says whether the
     device pushes (at most ``hermes.max_local_iterations`` iterations without a push)."""
 
+    # without a gate its hooks do nothing (and a gated rank never stacks: the gate needs
+    # each device's own local model between pushes)
+    stackable = True
+
     def __init__(self, ctx: WorkerContext, name: str) -> None:
         super().__init__(ctx, name)
         self.gated = ctx.cfg["algorithm"]["gate"] != "always"
