@@ -175,3 +175,36 @@ def run_loopback_job(cfg: dict, ranks: int, *, shard_cls=None, coordinator_cls=N
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one test process per core, at most 4 (each test may start MPI ranks)."""
     return max(1, min(4, os.cpu_count() or 1))
+
+
+# The test files that take longest (end-to-end MPI runs), longest first. With one test
+# process per core and a file per process (pytest-xdist --dist loadfile, pyproject.toml),
+# they are handed out first, so the short files fill in at the end instead of one long
+# file running alone while the other processes are done. Order inside a file is kept.
+LONGEST_FIRST = (
+    "fault/test_stops.py",
+    "fault/test_job_failures.py",
+    "test_ps_shards.py",
+    "test_resume_mpi.py",
+    "test_ps_pull.py",
+    "fault/test_blame.py",
+    "test_job.py",
+    "test_rundir.py",
+    "fault/test_rehost.py",
+    "test_portable_kernels.py",
+    "test_ps_replication.py",
+    "test_kkt_runtime.py",
+    "test_client_hook.py",
+    "test_ps_runtime.py",
+    "test_sim_determinism.py",
+    "test_example_plugin.py",
+    "fault/test_gddr_failure.py",
+    "test_vectorize.py",
+    "test_hermes_runtime.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).resolve().parent
+    rank = {str(here / name): i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # (stable)
