@@ -183,3 +183,10 @@ def test_a_devices_result_does_not_depend_on_the_others_in_its_stack():
         gens = [_gens()[i] for i in sub]
         part, _ = fit_stacked(model, start, X[sub], Y[sub], generators=gens, **opts)
         assert all(torch.equal(full[n][3], part[n][sub.index(3)]) for n in start), sub
+
+
+def test_plan_steps_is_the_one_step_count_of_both_paths():
+    from edgefl.training.trainer import plan_steps
+
+    assert plan_steps(2, 0, 4, 10)[1] == 6 and plan_steps(1, 5, 0, 10)[1] == 5
+    assert plan_steps(1, 0, 0, 10) == (10, 1) and plan_steps(1, 0, 4, 0) == (0, 0)

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..algorithms.base import WorkerPlugin
+from ..algorithms.hooks import overrides
 
 if TYPE_CHECKING:  # (annotations only)
     from ..algorithms.base import TaskSpec
@@ -48,7 +48,7 @@ def why_not(w: Worker) -> str | None:
     if w.task.flat.param_numel != w.task.flat.numel:
         return "the model has float buffers (BatchNorm running statistics)"
     for p in w.plugins:
-        hooked = [h for h in _TRAINING_HOOKS if getattr(type(p), h) is not getattr(WorkerPlugin, h)]
+        hooked = [h for h in _TRAINING_HOOKS if overrides(type(p), h, "worker")]
         if hooked and not p.stackable:
             return f"plugin '{p.name}' hooks into local training ({', '.join(hooked)})"
     dbg = cfg["debug"]
@@ -89,12 +89,4 @@ def take_group(
     return [queue.popleft() for _ in range(group)]
 
 
-def steps_of(epochs: int, steps: int, batch_size: int, n: int) -> int:
-    """Optimizer steps of a task (as :func:`edgefl.training.trainer.fit_loop` takes them)."""
-    if n == 0:
-        return 0
-    bs = n if batch_size == 0 or batch_size >= n else batch_size
-    return steps if steps > 0 else epochs * -(-n // bs)
-
-
-__all__ = ["MAX_GROUP", "steps_of", "take_group", "why_not"]
+__all__ = ["MAX_GROUP", "take_group", "why_not"]

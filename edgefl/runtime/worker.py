@@ -33,7 +33,7 @@ from ..seeding import SUBSET, TRAIN, derive_seed
 from ..server import make_client
 from ..training import FitContext, FitTask, check_result, load_client, lr_at, resolve_loss
 from ..training.optim import optimizer_factory
-from ..training.trainer import as_tensors
+from ..training.trainer import as_tensors, plan_steps
 from . import devstate, stacking
 from .blame import STARTED
 from .contexts import RuntimeWorkerContext
@@ -514,8 +514,7 @@ class Worker:
             with torch.no_grad():
                 for n, p in zip(names, model.parameters(), strict=True):
                     p.copy_(got[n][i])
-            job.fit_ctx.steps = stacking.steps_of(ft.epochs, ft.steps, ft.batch_size,
-                                                  len(job.dataset))  # fmt: skip
+            job.fit_ctx.steps = plan_steps(ft.epochs, ft.steps, ft.batch_size, len(job.dataset))[1]
             for p in self.plugins:
                 p.after_train(job.device, job)
             delta = self.buffer()

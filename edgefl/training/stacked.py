@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from .trainer import plan_steps
+
 
 def groups(sizes: Sequence[int]) -> dict[int, list[int]]:
     """The positions of ``sizes`` by size: ``{n: [i, ...]}`` (devices with the same number
@@ -105,10 +107,9 @@ def fit_stacked(
         )
     if any(True for _ in model.buffers()):
         raise ValueError("fit_stacked: models with buffers (BatchNorm) are not supported yet")
-    if n == 0 or (steps == 0 and epochs == 0):
+    bs, total = plan_steps(epochs, steps, batch_size, n)
+    if total == 0:
         return {name: p.expand(k, *p.shape).clone() for name, p in start.items()}, torch.zeros(k)
-    bs = n if batch_size == 0 or batch_size >= n else batch_size
-    total = steps if steps > 0 else epochs * -(-n // bs)
 
     def one(params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor):
         value = loss(functional_call(model, params, (xb,)), yb)

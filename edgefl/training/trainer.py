@@ -26,6 +26,16 @@ def as_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
     return None
 
 
+def plan_steps(epochs: int, steps: int, batch_size: int, n: int) -> tuple[int, int]:
+    """(batch size, optimizer steps) of a task on ``n`` examples: ``steps`` when above 0,
+    else ``epochs`` passes; ``batch_size`` 0 or ``>= n`` is the full batch; (0, 0) when
+    ``n`` is 0 or there is nothing to do."""
+    if n == 0 or (steps == 0 and epochs == 0):
+        return 0, 0
+    bs = n if batch_size == 0 or batch_size >= n else batch_size
+    return bs, steps if steps > 0 else epochs * -(-n // bs)
+
+
 def fit_loop(
     model: nn.Module,
     dataset: Dataset,
@@ -53,10 +63,9 @@ def fit_loop(
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     n = len(dataset)  # type: ignore[arg-type]
-    if n == 0 or (steps == 0 and epochs == 0):
+    bs, total_steps = plan_steps(epochs, steps, batch_size, n)
+    if total_steps == 0:
         return 0.0, 0
-    bs = n if batch_size == 0 or batch_size >= n else batch_size
-    total_steps = steps if steps > 0 else epochs * -(-n // bs)
     model.train()
     losses: list[torch.Tensor] = []
     samples = 0
