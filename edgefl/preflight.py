@@ -85,6 +85,7 @@ def preflight(cfg: dict, show: Any = None) -> str:
         scan_devices,
     )
     from .runtime.policies import check_policies
+    from .runtime.stacking import check_vectorize
     from .runtime.state import build_task
     from .runtime.trackers import check_trackers
     from .training import check_training
@@ -129,6 +130,7 @@ def preflight(cfg: dict, show: Any = None) -> str:
         else:
             logging.getLogger(__name__).info(line)
     check_training(cfg, task)  # train.loss, train.optimizer, train.client
+    check_vectorize(cfg, task.flat)  # train.vectorize = "on" on a job that cannot stack
     if cfg["sim"]["clock"] == "virtual":
         from .sim.profiles import load_fleet
 

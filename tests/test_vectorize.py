@@ -40,6 +40,46 @@ def test_auto_trains_within_rounding_of_one_by_one_and_is_deterministic(tmp_path
     a, b = _params(auto), _params(off)
     assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
     assert abs(auto.final_accuracy - off.final_accuracy) <= 0.005
+    # every task ran stacked (8 devices x 5 rounds), and summary.json says so
+    assert auto.summary["stacked_tasks"] == 40 and off.summary["stacked_tasks"] == 0
+    # a budget that fits one device per stack: the same model (K-independent results)
+    tiny = _run(tmp_path / "tiny", 'train.vectorize="on"', "train.vectorize_mb=0.001")
+    assert tiny.model_sha256 == auto.model_sha256 and tiny.summary["stacked_tasks"] == 40
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [("fedprox.enabled=true", "fedprox.mu=0.5"), ("scaffold.enabled=true",)],
+    ids=["fedprox", "scaffold"],
+)
+def test_fedprox_and_scaffold_terms_train_stacked_within_rounding(tmp_path, sets):
+    """Their gradient terms are per-device terms of the stacked step (gradterms.py)."""
+    common = ("run.rounds=3", "train.local_steps=4", *sets)
+    off = _run(tmp_path / "off", *common)
+    on = _run(tmp_path / "on", 'train.vectorize="on"', *common)
+    assert on.summary["stacked_tasks"] == 24
+    a, b = _params(on), _params(off)
+    assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
+
+
+def test_on_refuses_a_job_that_cannot_stack_before_it_starts(tmp_path):
+    from edgefl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.vectorize' = 'on'.*OrderingWorker"):
+        _run(tmp_path / "r", 'train.vectorize="on"', 'algorithm.ordering="rr"')
+
+
+def test_a_stackable_plugin_with_an_opaque_hook_is_named():
+    from edgefl.training.gradterms import ConstantTerm
+
+    ok = SimpleNamespace(device=3, fit_ctx=SimpleNamespace(penalties=[], grad_hooks=[]))
+    p = torch.zeros(2, 2, requires_grad=True)
+    ok.fit_ctx.grad_hooks.append(ConstantTerm([p], [0], np.arange(4, dtype=np.float32)))
+    mu, corr = stacking.gradient_terms([ok], np.zeros(4, np.float32), ["w"], [(2, 2)], [0])
+    assert mu == 0.0 and corr["w"].shape == (1, 2, 2) and float(corr["w"][0, 1, 1]) == 3.0
+    bad = SimpleNamespace(device=7, fit_ctx=SimpleNamespace(penalties=[], grad_hooks=[print]))
+    with pytest.raises(RuntimeError, match="device 7.*gradient hook"):
+        stacking.gradient_terms([ok, bad], np.zeros(4, np.float32), ["w"], [(2, 2)], [0])
 
 
 def test_a_rank_that_cannot_stack_trains_the_reference_model(tmp_path):
@@ -54,34 +94,29 @@ def test_a_rank_that_cannot_stack_trains_the_reference_model(tmp_path):
     assert auto.model_sha256 == off.model_sha256
 
 
-def _worker(**cfg_over):
+def _why(numel=10, halves=(), **cfg_over):
     cfg = {"algorithm": {"gate": "always"}, "train": {"client": "", "optimizer": "sgd"},
            "debug": {"kill_ranks": [], "inject": [], "delay_s": 0.0}}  # fmt: skip
     for k, v in cfg_over.items():
         sec, key = k.split("__")
         cfg[sec][key] = v
-    flat = SimpleNamespace(param_numel=10, numel=10)
-    gated = cfg["algorithm"]["gate"] != "always"
-    return SimpleNamespace(cfg=cfg, gated=gated, task=SimpleNamespace(flat=flat), plugins=[])
+    return stacking.why_not(cfg, SimpleNamespace(param_numel=10, numel=numel), list(halves))
 
 
 def test_why_not_names_what_keeps_a_rank_on_the_one_by_one_path():
     from edgefl.algorithms.fedprox import FedProxWorker
     from edgefl.algorithms.hermes.worker import HermesWorker
+    from edgefl.algorithms.ordering.worker import OrderingWorker
 
-    assert stacking.why_not(_worker()) is None
-    assert "algorithm.gate" in stacking.why_not(_worker(algorithm__gate="hermes"))
-    assert "train.client" in stacking.why_not(_worker(train__client="m:f"))
-    assert "train.optimizer" in stacking.why_not(_worker(train__optimizer="adam"))
-    w = _worker()
-    w.task.flat.numel = 12
-    assert "buffers" in stacking.why_not(w)
-    w = _worker()
-    half = FedProxWorker.__new__(FedProxWorker)  # (no context needed: only its class counts)
-    half.name = "fedprox"
-    w.plugins = [half]
-    assert "plugin 'fedprox'" in stacking.why_not(w)
-    assert HermesWorker.stackable  # (its hooks do nothing without a gate)
+    assert _why() is None
+    assert "algorithm.gate" in _why(algorithm__gate="hermes")
+    assert "train.client" in _why(train__client="m:f")
+    assert "train.optimizer" in _why(train__optimizer="adam")
+    assert "buffers" in _why(numel=12)
+    assert _why(halves=[FedProxWorker, HermesWorker]) is None  # (declared stackable)
+    assert "plugin OrderingWorker hooks into local training (train)" in _why(
+        halves=[OrderingWorker]
+    )
 
 
 def test_take_group_stops_at_the_first_task_that_differs():
@@ -116,3 +151,18 @@ def test_over_mpiexec_auto_trains_the_inline_model(tmp_path, launcher):
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((tmp_path / "mpi" / "summary.json").read_text())
     assert s["model_sha256"] == inline.model_sha256
+    assert s["stacked_tasks"] == inline.summary["stacked_tasks"] == 40
+
+
+def test_the_support_table_in_the_docs_is_current():
+    from pathlib import Path
+
+    from edgefl.algorithms import builtin_classes
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+    begin = "<!-- vectorize: generated by edgefl.runtime.stacking.support_markdown -->"
+    got = doc.read_text().split(begin, 1)[1].split("<!-- /vectorize -->", 1)[0].strip()
+    assert got == stacking.support_markdown(builtin_classes()).strip(), (
+        "docs/performance.md: the vectorize support table is stale; paste "
+        "stacking.support_markdown(builtin_classes())"
+    )

@@ -257,7 +257,12 @@ class WorkerPlugin:
     #: ``gate``) and still lets its devices train in a stacked group (``train.vectorize =
     #: "auto"``: one computation for many devices, no per-device model object during the
     #: steps) says so here; otherwise such a half keeps its rank on the one-by-one path.
+    #: A stackable half adds gradient terms only as :mod:`edgefl.training.gradterms`
+    #: objects (the stacked step adds them per device) and no loss penalties.
     stackable: ClassVar[bool] = False
+    #: one line for the support table (docs/performance.md): how its training hooks take
+    #: part in stacked training, or why they keep a rank off it
+    stack_note: ClassVar[str] = ""
 
     def __init__(self, ctx: WorkerContext, name: str) -> None:
         self.ctx = ctx

@@ -109,6 +109,8 @@ def check_buffers(cfg: dict, names: list[str] | None = None) -> None:
 class FedBNWorker(WorkerPlugin):
     """Per-device buffer values: ``{device: float32 array}`` (the flat buffer entries)."""
 
+    stack_note = "per-device BatchNorm buffers are not stacked yet"
+
     def __init__(self, ctx: WorkerContext, name: str) -> None:
         super().__init__(ctx, name)
         flat = ctx.flat

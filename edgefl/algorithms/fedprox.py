@@ -10,7 +10,7 @@ torch is imported where a task needs it (the registry reads :data:`SECTIONS` wit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,6 +20,8 @@ from .base import LocalJob, Plugin, WorkerPlugin
 
 if TYPE_CHECKING:  # (annotations only)
     import torch
+
+    from ..training.gradterms import ProximalTerm
 
 #: the ``[fedprox]`` config section (docs/configuration.md)
 SECTIONS = {
@@ -39,7 +41,7 @@ SECTIONS = {
 
 def proximal_hook(
     params: Sequence[torch.Tensor], offsets: Sequence[int], anchor: np.ndarray, mu: float
-) -> Callable[[torch.nn.Module], None]:
+) -> ProximalTerm:
     """A gradient hook adding ``mu * (p - anchor_p)`` to each parameter's gradient.
 
     Args:
@@ -48,19 +50,9 @@ def proximal_hook(
         anchor: the flat model the task started from (float32, at least the parameters).
         mu: the proximal coefficient (>= 0).
     """
-    import torch
+    from ..training.gradterms import ProximalTerm
 
-    from ..training.views import flat_views
-
-    anchors = flat_views(params, offsets, anchor)
-
-    def hook(model: torch.nn.Module) -> None:
-        with torch.no_grad():
-            for p, a in zip(params, anchors, strict=True):
-                if p.grad is not None:
-                    p.grad.add_(p - a, alpha=mu)
-
-    return hook
+    return ProximalTerm(params, offsets, anchor, mu)
 
 
 class FedProxWorker(WorkerPlugin):
@@ -68,6 +60,9 @@ class FedProxWorker(WorkerPlugin):
     anchor is the global model the task started from; for a gated device, the global model
     its local iterations started from). The reported training loss is the task loss without
     the proximal term."""
+
+    stackable = True
+    stack_note = "the proximal term is a per-device gradient term (`ProximalTerm`)"
 
     def before_train(self, d: int, job: LocalJob) -> None:
         if job.fit_ctx is None:

@@ -14,7 +14,7 @@ a task needs it (the registry reads :data:`SECTIONS` without it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # (annotations only)
 
     from ..comm import Message
     from ..policies.consistency import Apply
+    from ..training.gradterms import ConstantTerm
 
 #: the ``[scaffold]`` config section (docs/configuration.md)
 SECTIONS = {
@@ -59,22 +60,12 @@ CONTROL_UPDATE = register_kind("CONTROL_UPDATE", 26, "up", {DType.FLOAT32}, "any
 # -- the arithmetic (numpy; the gradient hook: torch) -------------------------------------
 def correction_hook(
     params: Sequence[torch.Tensor], offsets: Sequence[int], correction: np.ndarray
-) -> Callable[[torch.nn.Module], None]:
+) -> ConstantTerm:
     """A gradient hook adding ``correction`` (``c - c_i``, flat float32 over the
     parameters) to the parameters' gradients."""
-    import torch
+    from ..training.gradterms import ConstantTerm
 
-    from ..training.views import flat_views
-
-    parts = flat_views(params, offsets, correction)
-
-    def hook(model: torch.nn.Module) -> None:
-        with torch.no_grad():
-            for p, c in zip(params, parts, strict=True):
-                if p.grad is not None:
-                    p.grad.add_(c)
-
-    return hook
+    return ConstantTerm(params, offsets, correction)
 
 
 def client_delta(c: np.ndarray, delta: np.ndarray, steps: int, lr: float) -> np.ndarray:
@@ -170,6 +161,8 @@ class ScaffoldWorker(WorkerPlugin):
     change of ``c_i``."""
 
     message_kinds = (CONTROL,)
+    stackable = True
+    stack_note = "the correction `c - c_i` is a per-device gradient term (`ConstantTerm`)"
 
     def __init__(self, ctx: WorkerContext, name: str) -> None:
         super().__init__(ctx, name)

@@ -190,8 +190,19 @@ _CORE: dict[str, Any] = {
             "off: each task trains alone (the reference; every golden hash). auto: a "
             "worker trains its queued tasks of one model version as one stacked torch.func "
             "computation where it can (equal to off within float32 rounding, not bit for "
-            "bit), else alone, saying why once (docs/performance.md).",
-            choices=("off", "auto"),
+            "bit), else alone, saying why once; on: as auto, but a job whose workers "
+            "cannot stack is refused before it starts (docs/performance.md).",
+            choices=("off", "auto", "on"),
+        ),
+        "vectorize_mb": field(
+            256.0,
+            "float",
+            "Memory budget of one stacked computation in MiB (train.vectorize): a worker "
+            "trains at most as many devices together as fit (about four model copies plus "
+            "the examples per device), in several stacks if more are queued. Results do not "
+            "depend on it.",
+            min=0.0,
+            exclusive_min=True,
         ),
         "client": field(
             "",

@@ -46,7 +46,7 @@ from .output import MetricsLog, Progress
 from .policies import make_update_aggregator
 from .state import Task
 from .trackers import make_trackers
-from .watch import FAREWELL, WANT_FAREWELL, RankWatch
+from .watch import FAREWELL, STOPPED, WANT_FAREWELL, RankWatch
 from .worker import HOLD_UPDATES
 
 log = logging.getLogger("edgefl.coordinator")
@@ -167,6 +167,7 @@ class Coordinator:
         self.rehost = rehost.enabled(cfg) and rehost.supported(self)  # fleet.rehost
         self.quarantine: dict[int, dict] = {}  # devices with non-finite updates
         self.rehosted: list[dict] = []  # devices moved off dead ranks (summary.json)
+        self.stacked_tasks = 0  # tasks the workers trained stacked (train.vectorize; at STOP)
         self.reruns = 0  # tasks in flight re-sent to a device's new rank
         self.device_states: dict = {}  # latest checkpoint's per-device plugin state
         self.stop_checkpointed = False  # a checkpoint was written after the run stopped
@@ -725,6 +726,8 @@ class Coordinator:
             for msg in t.poll(timeout=0.5):
                 started = msg.kind == Kind.HEARTBEAT and msg.aux and msg.aux[0] == blame.STARTED
                 if msg.kind in (Kind.HEARTBEAT, Kind.ERROR) and not started:
+                    if msg.kind == Kind.HEARTBEAT and len(msg.aux) > 1 and msg.aux[0] == STOPPED:
+                        self.stacked_tasks += int(msg.aux[1])
                     waiting.discard(msg.src)
                     t.send(msg.src, Kind.STOP, aux=(code, failed, FAREWELL, 0.0))
                     t.wait_sends()

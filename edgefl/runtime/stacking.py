@@ -23,21 +23,40 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..algorithms.hooks import overrides
 
 if TYPE_CHECKING:  # (annotations only)
     from ..algorithms.base import TaskSpec
-    from .worker import Worker
 
-#: tasks trained in one stacked call at most (the stack holds this many model copies)
-MAX_GROUP = 512
+#: tasks trained in one stacked call at most, whatever the memory budget allows
+MAX_GROUP = 4096
+
+
+def stack_limit(budget_mb: float, param_numel: int, n: int, sample_numel: int) -> int:
+    """How many devices one stacked call trains at most under ``train.vectorize_mb``
+    (MiB): each costs about four model copies (parameters, gradients, momentum, the next
+    parameters) plus its examples and two batches' worth of activations, float32
+    (``n`` examples of ``sample_numel`` elements each). At least 1, at most MAX_GROUP."""
+    per_device = 4 * (4 * param_numel + 3 * max(n, 1) * max(sample_numel, 1))
+    return max(1, min(MAX_GROUP, int(budget_mb * 2**20) // per_device))
+
+
 _TRAINING_HOOKS = ("before_train", "train", "after_train", "gate")
 
 
-def why_not(w: Worker) -> str | None:
-    """Why rank ``w`` cannot train its tasks stacked (None: it can)."""
-    cfg, tr = w.cfg, w.cfg["train"]
-    if w.gated:
+def why_not(cfg: dict, flat, halves: list[type]) -> str | None:
+    """Why a worker rank of this job cannot train its tasks stacked (None: it can).
+
+    Args:
+        cfg: the job's config.
+        flat: the model's flat layout (``param_numel``, ``numel``: elements).
+        halves: the job's worker-half classes (:class:`edgefl.algorithms.WorkerPlugin`),
+            in plugin order.
+    """
+    tr = cfg["train"]
+    if cfg["algorithm"]["gate"] != "always":
         return (
             f"algorithm.gate = {cfg['algorithm']['gate']!r} (devices train locally between pushes)"
         )
@@ -45,16 +64,53 @@ def why_not(w: Worker) -> str | None:
         return f"train.client = {tr['client']!r} (a user's client trains its own way)"
     if tr["optimizer"] != "sgd":
         return f"train.optimizer = {tr['optimizer']!r} (the stacked step is SGD's)"
-    if w.task.flat.param_numel != w.task.flat.numel:
+    if flat.param_numel != flat.numel:
         return "the model has float buffers (BatchNorm running statistics)"
-    for p in w.plugins:
-        hooked = [h for h in _TRAINING_HOOKS if overrides(type(p), h, "worker")]
-        if hooked and not p.stackable:
-            return f"plugin '{p.name}' hooks into local training ({', '.join(hooked)})"
+    for half in halves:
+        hooked = [h for h in _TRAINING_HOOKS if overrides(half, h, "worker")]
+        if hooked and not half.stackable:
+            why = f": {half.stack_note}" if half.stack_note else ""
+            return f"plugin {half.__name__} hooks into local training ({', '.join(hooked)}){why}"
     dbg = cfg["debug"]
     if dbg["kill_ranks"] or dbg["inject"] or dbg["delay_s"]:
         return "a debug fault hook is set"
     return None
+
+
+def support_markdown(classes: list[type]) -> str:
+    """The support table of docs/performance.md, from the declarations: each of
+    ``classes`` (the built-ins: ``edgefl.algorithms.builtin_classes()``) that has a
+    worker half, the training hooks it overrides, whether its devices train stacked, and
+    its ``stack_note``."""
+    lines = ["| plugin | worker half | training hooks | stacked | how / why not |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for c in classes:
+        half = getattr(c, "worker", None)
+        if half is None:
+            continue
+        hooked = [h for h in _TRAINING_HOOKS if overrides(half, h, "worker")]
+        ok = "yes" if not hooked or half.stackable else "no (trains one by one)"
+        note = half.stack_note or ("works on the update after training" if not hooked else "-")
+        hooks = ", ".join(f"`{h}`" for h in hooked) or "-"
+        lines.append(f"| {c.name} | `{half.__name__}` | {hooks} | {ok} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+def check_vectorize(cfg: dict, flat) -> None:
+    """``train.vectorize = "on"``: a ConfigError saying why when the job's worker ranks
+    cannot train stacked (``auto`` would train every task alone)."""
+    if cfg["train"]["vectorize"] != "on":
+        return
+    from ..algorithms import load
+    from ..errors import ConfigError
+
+    halves = [c.worker for c in load(cfg) if getattr(c, "worker", None) is not None]
+    why = why_not(cfg, flat, halves)
+    if why is not None:
+        raise ConfigError(
+            f"config key 'train.vectorize' = 'on': the workers cannot train stacked because "
+            f"{why} (use 'auto' to train such jobs one task at a time)"
+        )
 
 
 def take_group(
@@ -62,11 +118,13 @@ def take_group(
     ready: Callable[[tuple], bool],
     size_of: Callable[[int], int | None],
     torch_dev: dict[int, str],
+    limit: Callable[[int], int] = lambda n: MAX_GROUP,
 ) -> list[tuple[int, int, int, TaskSpec]]:
     """Pop the tasks at the head of ``queue`` ((device, task, version, spec) items) that
     train together with the first one: same version and spec with plain flags, ready,
     the same torch device and the same training split size (``size_of(device)``: None
-    when the split is not a tensor dataset). [] when the first task cannot train stacked
+    when the split is not a tensor dataset), at most ``limit(size)`` tasks (the memory
+    budget: :func:`stack_limit`). [] when the first task cannot train stacked
     (it then trains alone); a group may be that one task: every task that can goes the
     stacked way, so which tasks happen to be queued together does not change a model
     (a device's result does not depend on the others in its stack)."""
@@ -79,7 +137,7 @@ def take_group(
     if n0 is None:
         return []
     group = 1
-    while group < min(len(queue), MAX_GROUP):
+    while group < min(len(queue), limit(n0)):
         item = queue[group]
         d, _, v, s = item
         same = (v, s.batch, s.flags, s.samples, s.arg) == (v0, s0.batch, 0, 0, 0)
@@ -89,4 +147,60 @@ def take_group(
     return [queue.popleft() for _ in range(group)]
 
 
-__all__ = ["MAX_GROUP", "take_group", "why_not"]
+def gradient_terms(jobs: list, start: np.ndarray, names: list[str], shapes: list, offsets: list):
+    """What the stackable plugins' ``before_train`` added to ``jobs`` (their
+    ``fit_ctx``), as :func:`edgefl.training.stacked.fit_stacked` takes it: (the proximal
+    coefficient, the per-device constant terms by parameter name, ``(K, *shape)``, or
+    None). Raises RuntimeError naming the device when a job holds what the stacked step
+    cannot run (a loss penalty, an opaque gradient hook, a proximal anchor other than the
+    start model, coefficients that differ between devices)."""
+    import torch
+
+    from ..training.gradterms import ConstantTerm, ProximalTerm
+
+    mus, consts = set(), []
+    for job in jobs:
+        ctx, mu, const = job.fit_ctx, 0.0, None
+        if ctx.penalties:
+            raise RuntimeError(
+                f"device {job.device}: a plugin declared stackable added a loss penalty, "
+                "which the stacked step cannot run (train.vectorize = 'off' trains it)"
+            )
+        for h in ctx.grad_hooks:
+            if isinstance(h, ProximalTerm):
+                if not np.array_equal(h.anchor[: start.size], start):
+                    raise RuntimeError(
+                        f"device {job.device}: a proximal term anchored away from the start "
+                        "model cannot be stacked"
+                    )
+                mu += h.mu
+            elif isinstance(h, ConstantTerm):
+                const = h.values.copy() if const is None else const + h.values
+            else:
+                raise RuntimeError(
+                    f"device {job.device}: a plugin declared stackable added a gradient hook "
+                    f"({type(h).__name__}) that is not an edgefl.training.gradterms term"
+                )
+        mus.add(mu)
+        consts.append(const)
+    if len(mus) > 1:
+        raise RuntimeError(f"devices of one stack have different proximal terms: {sorted(mus)}")
+    if all(c is None for c in consts):
+        return mus.pop(), None
+    numel = sum(int(np.prod(s)) for s in shapes)
+    flat = np.stack([np.zeros(numel, np.float32) if c is None else c[:numel] for c in consts])
+    flat = torch.from_numpy(flat)
+    corr = {n: flat[:, o : o + int(np.prod(s))].reshape(len(jobs), *s)
+            for n, s, o in zip(names, shapes, offsets, strict=True)}  # fmt: skip
+    return mus.pop(), corr
+
+
+__all__ = [
+    "MAX_GROUP",
+    "check_vectorize",
+    "stack_limit",
+    "support_markdown",
+    "gradient_terms",
+    "take_group",
+    "why_not",
+]

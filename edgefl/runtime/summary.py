@@ -74,6 +74,7 @@ def finish(core: Coordinator, rows: list[dict], rounds_done: int, wall: float, e
         "gate": core.cfg["algorithm"]["gate"],
         "allocation": core.cfg["algorithm"]["allocation"],
         "dp_epsilon": agg.epsilon() if hasattr(agg, "epsilon") else None,
+        "stacked_tasks": core.stacked_tasks,
         **summary_defaults(),
     }
     if hasattr(agg, "summary"):  # (DP: the accounted event, adjacency and library)

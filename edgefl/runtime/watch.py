@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # (annotations only)
 log = logging.getLogger("edgefl.coordinator")
 
 LIVENESS = 1.0  # aux[0] of a rank-0 HEARTBEAT that only says "alive"
+STOPPED = 3.0  # aux[0] of a worker HEARTBEAT acknowledging STOP; aux[1]: its stacked tasks
 DECLARED_DEAD = 1.0  # aux[2] of the STOP sent to a rank given up on
 FAREWELL = 2.0  # aux[2] of the STOP that answers a worker's acknowledgement: it may exit now
 WANT_FAREWELL = 1.0  # aux[3] of a STOP whose acknowledgement rank 0 answers (FAREWELL)

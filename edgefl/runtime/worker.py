@@ -40,7 +40,7 @@ from .contexts import RuntimeWorkerContext
 from .debughooks import WorkerDebug
 from .placement import devices_of_rank, torch_device_for
 from .state import Task
-from .watch import DECLARED_DEAD, FAREWELL, FAREWELL_WAIT_S, LIVENESS, WANT_FAREWELL
+from .watch import DECLARED_DEAD, FAREWELL, FAREWELL_WAIT_S, LIVENESS, STOPPED, WANT_FAREWELL
 
 log = logging.getLogger("edgefl.worker")
 
@@ -134,8 +134,8 @@ class Worker:
         self._held_since = 0.0
         self.stack = False  # train.vectorize: queued tasks trained together (stacking.py)
         self.stacked_tasks = 0
-        if cfg["train"]["vectorize"] == "auto":
-            why = stacking.why_not(self)
+        if cfg["train"]["vectorize"] != "off":  # ("on": refused before launch if it can't)
+            why = stacking.why_not(cfg, self.task.flat, [type(p) for p in self.plugins])
             self.stack = why is None
             if why and self.rank == servers + 1:  # (said once: by the first worker)
                 log.warning("train.vectorize = 'auto': every task trains alone because %s", why)
@@ -263,7 +263,10 @@ class Worker:
                     continue  # rank 0 is alive (it waits for a slow rank)
                 if msg.kind == Kind.STOP:
                     self.peer_failures = bool(msg.aux[1]) or bool(self.t.failed)
-                    self.t.send(0, Kind.HEARTBEAT)  # acknowledges the STOP
+                    # acknowledges the STOP, with how many of its tasks trained stacked
+                    self.t.send(
+                        0, Kind.HEARTBEAT, aux=(STOPPED, float(self.stacked_tasks), 0.0, 0.0)
+                    )
                     self.t.wait_sends()
                     if msg.aux[3] == WANT_FAREWELL:
                         self._await_farewell()
@@ -466,11 +469,21 @@ class Worker:
         return True
 
     def _group(self) -> list[tuple[int, int, int, TaskSpec]]:
+        sample = [1]
+
         def size_of(d: int) -> int | None:
             ds = (self.split(d) or (self.data.train(d), None))[0]
-            return len(ds) if as_tensors(ds) is not None else None
+            xy = as_tensors(ds)
+            if xy is None:
+                return None
+            sample[0] = int(xy[0][0].numel()) if len(ds) else 1
+            return len(ds)
 
-        return stacking.take_group(self.queue, self._ready, size_of, self.torch_dev)
+        def limit(n: int) -> int:
+            mb = self.cfg["train"]["vectorize_mb"]
+            return stacking.stack_limit(mb, self.task.flat.param_numel, n, sample[0])
+
+        return stacking.take_group(self.queue, self._ready, size_of, self.torch_dev, limit)
 
     def _train_group(self, items: list[tuple[int, int, int, TaskSpec]]) -> None:
         """Train ``items`` (:func:`.stacking.take_group`) as one stack, then each goes on as
@@ -499,16 +512,21 @@ class Worker:
         X = torch.stack([x for x, _ in data]).to(dev)
         Y = torch.stack([y for _, y in data]).to(dev)
         ft, tr = jobs[0].fit_task, self.cfg["train"]
+        names = [n for n, _ in model.named_parameters()]
+        mu, corr = stacking.gradient_terms(
+            jobs, self.versions[version][: flat.param_numel], names,
+            [tuple(start[n].shape) for n in names], list(flat.offsets[: len(names)]),
+        )  # fmt: skip
         t0 = time.perf_counter()
         got, losses = fit_stacked(
             model, start, X, Y, generators=[j.fit_ctx.generator for j in jobs], loss=self.loss,
             lr=ft.lr, epochs=ft.epochs, steps=ft.steps, batch_size=ft.batch_size,
-            momentum=tr["momentum"], weight_decay=tr["weight_decay"],
+            momentum=tr["momentum"], weight_decay=tr["weight_decay"], prox_mu=mu,
+            corrections=None if corr is None else {n: c.to(dev) for n, c in corr.items()},
         )  # fmt: skip
         if dev.startswith("cuda"):
             torch.cuda.synchronize(dev)
         seconds = (time.perf_counter() - t0) / len(jobs)
-        names = [n for n, _ in model.named_parameters()]
         for i, job in enumerate(jobs):
             self.doing = f"training device {job.device} (task {job.task}, stacked)"
             with torch.no_grad():

@@ -16,6 +16,9 @@ class FedEvalWorker(WorkerPlugin):
     that model (a gated device only when it just got a global model, not when it goes on
     from its own local one) and sends the result before it trains."""
 
+    stackable = True
+    stack_note = "evaluates the start model before training; trains on the rest, stacked"
+
     def __init__(self, ctx: WorkerContext, name: str) -> None:
         super().__init__(ctx, name)
         c = ctx.cfg["evaluation"]

@@ -19,6 +19,10 @@ class HermesWorker(WorkerPlugin):
     # without a gate its hooks do nothing (and a gated rank never stacks: the gate needs
     # each device's own local model between pushes)
     stackable = True
+    stack_note = (
+        "its hooks do nothing without a gate; a gate (`algorithm.gate`) keeps the rank one "
+        "by one: it needs each device's own local model between pushes"
+    )
 
     def __init__(self, ctx: WorkerContext, name: str) -> None:
         super().__init__(ctx, name)

@@ -15,6 +15,10 @@ class OrderingWorker(WorkerPlugin):
     sending the examples' gradients (or sketches; per unit) in visit order (GRADS)."""
 
     message_kinds = (ORDER,)
+    stack_note = (
+        "owns `train`: each epoch visits the coordinator's order and sends per-example "
+        "gradients, one device at a time"
+    )
 
     def __init__(self, ctx: WorkerContext, name: str) -> None:
         from .orderers import make_cfg_orderer

@@ -28,6 +28,8 @@ class PSWorker(WorkerPlugin):
     end flushes what the filters held back."""
 
     message_kinds = (MODEL_KEYS, RESEND, Kind.HEARTBEAT)
+    stackable = True
+    stack_note = "the KKT filter reads the start model's gradient before training only"
 
     def __init__(self, ctx: WorkerContext, name: str) -> None:
         super().__init__(ctx, name)
