@@ -13,6 +13,10 @@ every device every round) with ``--sizes`` devices for ``--rounds`` rounds. ``--
   ranks as threads of one process, no MPI (the same run directory and final model);
 * ``loop`` (row ``plain-loop``): the baseline, a plain single-process loop doing the same
   arithmetic (no messaging, one core);
+* ``mpi-vec``, ``inline-vec`` (rows ``edgefl-vec``, ``edgefl-inline-vec``, not in the
+  default): the ``mpi`` and ``inline`` commands with ``--set train.vectorize="auto"``
+  (each worker trains its queued tasks as one stacked computation; the model equals the
+  one-by-one model within float32 rounding, not bit for bit);
 * ``pfl`` (row ``pfl``, not in the default): the same job in Apple's pfl (pfl-research 0.6,
   ``pip install 'pfl[pytorch]==0.6.0'``) in one process, one torch thread, run by
   ``--pfl-python`` (default: this interpreter; pfl's venv need not have edgefl): a child
@@ -68,8 +72,16 @@ HELP = (
     "1,000 and 10,000 devices: rounds/s and peak RSS, edgefl over mpiexec and in-process vs a "
     "plain loop"
 )
-SYSTEMS = {"mpi": "edgefl", "inline": "edgefl-inline", "loop": "plain-loop", "pfl": "pfl"}
-# (-> row name; pfl is not in the default --systems)
+SYSTEMS = {
+    "mpi": "edgefl",
+    "inline": "edgefl-inline",
+    "mpi-vec": "edgefl-vec",
+    "inline-vec": "edgefl-inline-vec",
+    "loop": "plain-loop",
+    "pfl": "pfl",
+}  # (-> row name; pfl is not in the default --systems)
+VECTORIZE = 'train.vectorize="auto"'  # the -vec systems: a worker trains its tasks stacked
+VEC_TARGET = 10.0  # edgefl-vec / loop rounds/s at 10,000 devices (issue 27)
 
 RSS_TARGET_MB = 2500.0
 RATIO_TARGET = 1.8
@@ -92,8 +104,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--systems",
         default="mpi,inline,loop",
         help="what to run, comma-separated: mpi (edgefl simulate), inline (edgefl simulate "
-        "--backend inline), loop (the plain loop), pfl (the same job in Apple's pfl 0.6, run by "
-        "--pfl-python)",
+        "--backend inline), mpi-vec and inline-vec (the same with train.vectorize = 'auto'), "
+        "loop (the plain loop), pfl (the same job in Apple's pfl 0.6, run by --pfl-python)",
     )
     p.add_argument(
         "--pfl-python",
@@ -314,7 +326,8 @@ def pfl_run(cfg: dict, tmp: Path, python: str) -> dict:
 
 
 def edgefl_run(cfg: dict, root: Path, rep: int = 0, backend: str = "mpi") -> dict:
-    """The job through ``edgefl simulate --backend BACKEND``; rates from metrics.jsonl's
+    """The job through ``edgefl simulate --backend BACKEND`` (``mpi-vec``, ``inline-vec``:
+    that backend with ``train.vectorize = "auto"``); rates from metrics.jsonl's
     ``wall_time_s`` (``rep``: the repeat, which names its run directory after the first)."""
     from ..api import Result
     from ..config import dump_config, load_config
@@ -324,7 +337,9 @@ def edgefl_run(cfg: dict, root: Path, rep: int = 0, backend: str = "mpi") -> dic
     conf.write_text(dump_config(load_config(doc=cfg)))
     name = f"{'run' if backend == 'mpi' else backend}-{n}" + (f"-{rep}" if rep else "")
     out = root / name
-    cmd = simulate_command(conf, out, (), "--backend", backend)
+    vec = backend.endswith("-vec")
+    cmd = simulate_command(conf, out, (VECTORIZE,) if vec else (), "--backend",
+                           backend.removesuffix("-vec"))  # fmt: skip
     print(f"# edgefl: {' '.join(cmd)}", flush=True)
     log = root / f"{name}.log"
     with open(log, "w") as f:
@@ -364,6 +379,7 @@ def edgefl_run(cfg: dict, root: Path, rep: int = 0, backend: str = "mpi") -> dic
         "ckpt_mb": sum(_mb(p) for p in out.rglob("*.h5")),
         "summary_kb": _mb(out / "summary.json") * 1000,
         "model_sha256": run.summary["model_sha256"],
+        "stacked_tasks": run.summary.get("stacked_tasks", 0),
     }
 
 
@@ -439,14 +455,26 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _same_model(rows: list[dict]) -> None:
-    """One line: whether both backends trained the same final model (they must)."""
-    hashes = {r["system"]: r["model_sha256"] for r in rows if "model_sha256" in r}
-    if len(hashes) > 1:
-        same = len(set(hashes.values())) == 1
-        print(f"# {rows[0]['devices']} devices: final model of "
-              f"{' and '.join(hashes)} {'identical' if same else 'DIFFERS'} "
-              f"(model_sha256 {', '.join(h[:12] for h in hashes.values())})",
-              flush=True)  # fmt: skip
+    """One line per kind of run: whether both backends trained the same final model (they
+    must: one-by-one and stacked each); and the stacked runs' accuracy against the
+    one-by-one runs' (equal within 0.5 points)."""
+    for vec in (False, True):
+        hashes = {r["system"]: r["model_sha256"] for r in rows
+                  if "model_sha256" in r and r["system"].endswith("-vec") == vec}  # fmt: skip
+        if len(hashes) > 1:
+            same = len(set(hashes.values())) == 1
+            print(f"# {rows[0]['devices']} devices: final model of "
+                  f"{' and '.join(hashes)} {'identical' if same else 'DIFFERS'} "
+                  f"(model_sha256 {', '.join(h[:12] for h in hashes.values())})",
+                  flush=True)  # fmt: skip
+    acc = {r["system"]: r.get("final_accuracy") for r in rows if "model_sha256" in r}
+    for name, a in acc.items():
+        ref = acc.get(name.removesuffix("-vec"))
+        if name.endswith("-vec") and a is not None and ref is not None:
+            ok = "within" if abs(a - ref) <= 0.005 else "NOT within"
+            base = name.removesuffix("-vec")
+            print(f"# {rows[0]['devices']} devices: {name} accuracy {a:.4f} vs {base} "
+                  f"{ref:.4f} ({ok} 0.5 points)", flush=True)  # fmt: skip
 
 
 def _median(runs: list[dict]) -> dict:
@@ -467,6 +495,10 @@ def _targets(rows: list[dict]) -> None:
             ok = "met" if r["ratio_vs_loop"] >= INLINE_TARGET else "NOT met"
             print(f"# {r['devices']} devices: edgefl-inline / loop rounds/s "
                   f"{r['ratio_vs_loop']:.2f} (target >= {INLINE_TARGET}: {ok})")  # fmt: skip
+        if r["system"] == SYSTEMS["mpi-vec"] and "ratio_vs_loop" in r and r["devices"] >= 10_000:
+            ok = "met" if r["ratio_vs_loop"] >= VEC_TARGET else "NOT met"
+            print(f"# {r['devices']} devices: edgefl-vec / loop rounds/s "
+                  f"{r['ratio_vs_loop']:.2f} (target >= {VEC_TARGET}: {ok})")  # fmt: skip
         if r["system"] != "edgefl":
             continue
         rss = r["peak_rss_mb"]

@@ -35,6 +35,7 @@ import faulthandler
 import logging
 import struct
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -72,6 +73,7 @@ _U8 = np.dtype(np.uint8)
 _ITEM = {int(d): t for d, t in NUMPY_OF.items()}
 _pack_into = HEADER_STRUCT.pack_into
 _unpack_from = HEADER_STRUCT.unpack_from
+_pack = HEADER_STRUCT.pack
 _BYTE = MPI.BYTE
 _NO_SOURCE = MPI.ANY_SOURCE  # the source of a status no receive has written
 TAG_DATA_BASE = 16
@@ -109,6 +111,11 @@ def _free(req: MPI.Request) -> None:
             req.Free()
     except MPI.Exception:
         pass
+
+
+REAP_AT = 64  # pending sends that make a send reap the completed ones (at least)
+REAP_EVERY_S = 0.01  # with more pending, a poll reaps at most this often (seconds)
+BUNDLE_MAX = 8192  # header-only messages in one BUNDLE at most
 
 
 class MPITransport(Transport):
@@ -179,7 +186,18 @@ class MPITransport(Transport):
         self._hsend_max = 80  # > the pending sends reaped at once: none is made again
         # pending sends: (requests, payload kept alive, release callback, destination,
         # header send)
-        self._pending: list[tuple] = []
+        self._pending: dict[int, deque[tuple]] = {}  # dest -> its started sends, in order
+        self._npending = 0
+        self._reaped = 0.0  # time.monotonic() of the last reap
+        # a send reaps the completed ones when this many are pending: twice what the last
+        # reap left (at least REAP_AT), so a burst of sends to busy ranks (10,000 TRAINs
+        # of a BSP round) costs amortized O(1) per send, not a test of every pending one
+        self._reap_at = REAP_AT
+        # header-only messages of these kinds to one rank go out as one BUNDLE (at the next
+        # poll, wait_sends or other send to that rank): a BSP round's thousands of TRAINs
+        # reach a worker together, in order, as one MPI message (train.vectorize)
+        self.bundle_kinds: frozenset[int] = frozenset()
+        self._bundles: dict[int, list[bytes]] = {}
         # sends to dead ranks: kept referenced (MPI may still hold their buffers), never waited
         self._abandoned: list[tuple[list[MPI.Request], tuple]] = []
         self._ulfm = True  # False once the library turned out not to offer Ack/Get_failed
@@ -259,6 +277,13 @@ class MPITransport(Transport):
             self._seq[key] = seq
         if len(aux) != 4:
             aux = (*aux, 0.0, 0.0, 0.0, 0.0)[:4]
+        if self._bundles:
+            if payload is None and kind in self.bundle_kinds:
+                return self._bundle(dest, kind, device, seq, round, vtime, aux)
+            if dest in self._bundles:  # (what was bundled before goes first)
+                self._flush_bundle(dest)
+        elif payload is None and kind in self.bundle_kinds:
+            return self._bundle(dest, kind, device, seq, round, vtime, aux)
         free = self._hsend.get(dest)
         entry = free.pop() if free else self._new_header_send(dest)
         buf, req = entry
@@ -279,7 +304,7 @@ class MPITransport(Transport):
                                0.0, 0.0, 0.0, 0.0)  # fmt: skip
                     reqs.append(req)
                     req.Start()
-                    self._pending.append((reqs, payload, None, dest, entry))
+                    self._pend((reqs, payload, None, dest, entry))
                 else:
                     self._done(entry, dest)
                 raise
@@ -298,14 +323,47 @@ class MPITransport(Transport):
         except MPI.Exception as e:
             return self._send_failed(e, dest, kind, device, seq, reqs, payload, entry, release)
         # the message is on its way: the bookkeeping
-        pending = self._pending
-        pending.append((reqs, payload, release, dest, entry))
+        self._pend((reqs, payload, release, dest, entry))
         stats = self.stats
         stats.msgs_sent[dest] += 1
         stats.bytes_sent[dest] += HEADER_BYTES + nbytes
-        if len(pending) > 64:
+        if self._npending > self._reap_at:
             self._reap()
+            self._reap_at = max(REAP_AT, 2 * self._npending)
         return seq
+
+    def _bundle(self, dest, kind, device, seq, round_, vtime, aux) -> int:
+        """Keep a header-only message for ``dest``'s next BUNDLE; returns its sequence
+        number. Counted as sent now (its header's bytes)."""
+        hdr = _pack(
+            MAGIC, VERSION, int(kind), int(device), 0, 0, 0, int(seq), int(round_),
+            float(vtime), 0, *(float(a) for a in aux),
+        )  # fmt: skip
+        got = self._bundles.setdefault(dest, [])
+        got.append(hdr)
+        self.stats.msgs_sent[dest] += 1
+        self.stats.bytes_sent[dest] += HEADER_BYTES
+        if len(got) >= BUNDLE_MAX:
+            self._flush_bundle(dest)
+        return seq
+
+    def _flush_bundle(self, dest: int) -> None:
+        """Send what is bundled for ``dest`` as one BUNDLE. Its messages were counted as
+        sent (their headers' bytes); the BUNDLE adds its own header's bytes, no message."""
+        got = self._bundles.pop(dest, None)
+        if not got:
+            return
+        payload = np.frombuffer(b"".join(got), _U8)
+        stats = self.stats
+        msgs, sent = stats.msgs_sent[dest], stats.bytes_sent[dest]
+        self.send(dest, Kind.BUNDLE, payload=payload)
+        stats.msgs_sent[dest] = msgs
+        stats.bytes_sent[dest] = sent + HEADER_BYTES
+
+    def flush_bundles(self) -> None:
+        """Send every pending BUNDLE now."""
+        for dest in list(self._bundles):
+            self._flush_bundle(dest)
 
     def _send_failed(self, e, dest, kind, device, seq, reqs, payload, entry, release=None) -> int:
         """A send to ``dest`` raised: a process failure drops the message (anything else is
@@ -345,50 +403,59 @@ class MPITransport(Transport):
         if release is not None:
             release()
 
+    def _pend(self, item: tuple) -> None:
+        """Keep a started send (reqs, payload, release, dest, entry) until it completes."""
+        self._pending.setdefault(item[3], deque()).append(item)
+        self._npending += 1
+
     def _reap(self) -> None:
-        """Finish the completed sends; abandon those to dead ranks."""
-        pending, self._pending = self._pending, []
-        if len(pending) > 1:  # usually all are done: one Testall for the lot
-            try:
-                done = MPI.Request.Testall([r for item in pending for r in item[0]])
-            except MPI.Exception as e:
-                if not is_failure(e) and e.Get_error_class() != MPI.ERR_IN_STATUS:
-                    raise
-                self._refresh_failures()  # then sort them out one by one
-            else:
-                if done:
-                    for _, _, release, dest, entry in pending:
-                        if release is not None:
-                            release()
-                        self._done(entry, dest)
-                    return
-        for item in pending:
-            reqs, payload, release, dest, entry = item
+        self._reaped = time.monotonic()
+        self._reap_now()
+
+    def _reap_now(self) -> None:
+        """Finish the completed sends; abandon those to dead ranks. Each rank's sends are
+        tested in send order up to the first unfinished one: its later sends wait for the
+        next reap untested (a test of an unfinished send drives MPI's progress engine,
+        hundreds of microseconds each with thousands pending), so a reap costs one test
+        per destination plus one per completed send."""
+        for dest, q in list(self._pending.items()):
             if dest in self._dead:
-                self._abandon(reqs, (payload, entry), release)
+                for reqs, payload, release, _, entry in q:
+                    self._abandon(reqs, (payload, entry), release)
+                self._npending -= len(q)
+                del self._pending[dest]
                 continue
-            try:
-                done = MPI.Request.Testall(reqs)
-            except MPI.Exception as e:
-                if not is_failure(e) and e.Get_error_class() != MPI.ERR_IN_STATUS:
-                    raise
-                self._abandon(reqs, (payload, entry), release)
-                self._refresh_failures([dest], f"send failed: {e.Get_error_string()}")
-                continue
-            if done:
+            while q:
+                reqs, payload, release, _, entry = q[0]
+                try:
+                    done = MPI.Request.Testall(reqs)
+                except MPI.Exception as e:
+                    if not is_failure(e) and e.Get_error_class() != MPI.ERR_IN_STATUS:
+                        raise
+                    q.popleft()
+                    self._npending -= 1
+                    self._abandon(reqs, (payload, entry), release)
+                    self._refresh_failures([dest], f"send failed: {e.Get_error_string()}")
+                    continue
+                if not done:
+                    break
+                q.popleft()
+                self._npending -= 1
                 if release is not None:
                     release()
                 self._done(entry, dest)
-            else:
-                self._pending.append(item)
+            if not q:
+                self._pending.pop(dest, None)
 
     def wait_sends(self) -> None:
         """Wait for every pending send, except those to ranks found dead meanwhile (a send
         to a dead rank may never complete: checks for failures while waiting)."""
+        if self._bundles:
+            self.flush_bundles()
         sleep = self.poll_min_s
-        while self._pending:
+        while self._npending:
             self._reap()
-            if not self._pending:
+            if not self._npending:
                 return
             self._refresh_failures()
             self._check_liveness()
@@ -439,7 +506,7 @@ class MPITransport(Transport):
                 self._disarm(i)
             for entry in self._hsend.pop(r, ()):
                 _free(entry[1])
-        if any(item[3] in self._dead for item in self._pending):
+        if any(dest in self._dead for dest in self._pending):
             self._reap()
 
     # -- receiving ----------------------------------------------------------------------
@@ -541,6 +608,8 @@ class MPITransport(Transport):
                 return msgs
 
     def _poll_once(self) -> list[Message]:
+        if self._bundles:  # (a burst of sends is over: its bundles go out)
+            self.flush_bundles()
         if self._repost:  # receives to post again after the previous poll's messages
             dead, peers = self._dead, self.peers
             if self._prepost:  # first: the next payload may be about to arrive
@@ -552,7 +621,9 @@ class MPITransport(Transport):
             for i in repost:
                 if peers[i] not in dead:
                     self._arm(i)
-        if self._pending:
+        if self._npending and (
+            self._npending <= REAP_AT or time.monotonic() - self._reaped >= REAP_EVERY_S
+        ):  # (many pending: a busy receiver; testing them at every poll only costs)
             self._reap()
         if self._single:
             req = self._hreq[0]
@@ -594,7 +665,11 @@ class MPITransport(Transport):
                     raise
                 self._refresh_failures([src], "died while sending")
                 continue
-            if msg is not None:
+            if msg is None:
+                continue
+            if msg.kind == Kind.BUNDLE:
+                out += self._unbundle(src, msg)
+            else:
                 out.append(msg)
         return out
 
@@ -609,7 +684,46 @@ class MPITransport(Transport):
                 raise
             self._refresh_failures([src], "died while sending")
             return []
-        return [] if msg is None else [msg]
+        if msg is None:
+            return []
+        return self._unbundle(src, msg) if msg.kind == Kind.BUNDLE else [msg]
+
+    def _unbundle(self, src: int, bundle: Message) -> list[Message]:
+        """The messages of a BUNDLE from ``src``, each checked as a header of its own
+        (magic, version, kind, no payload, duplicates); a malformed one is rejected, the
+        others are delivered. They are counted as received (their headers' bytes), and the
+        BUNDLE's own header's bytes, as the sender counts them."""
+        raw = bundle.payload
+        stats, validator = self.stats, self.validator
+        stats.msgs_recv[src] -= 1
+        stats.bytes_recv[src] -= bundle.nbytes
+        out: list[Message] = []
+        try:
+            if raw is None or raw.nbytes % HEADER_BYTES:
+                self.reject(src, f"BUNDLE of {bundle.nbytes} bytes: not whole headers")
+                return out
+            for off in range(0, raw.nbytes, HEADER_BYTES):
+                (magic, version, code, device, dtype, flags, nchunks, seq, round_, vtime,
+                 nbytes, a0, a1, a2, a3) = _unpack_from(raw, off)  # fmt: skip
+                try:
+                    if magic != MAGIC or version != VERSION:
+                        decode_header(raw[off : off + HEADER_BYTES].tobytes())
+                    if flags or nchunks or nbytes or code == Kind.BUNDLE:
+                        raise WireError("a bundled message must be header-only")
+                    kind = validator.check_fields(src, code, device, dtype, 0, 0)
+                except WireError as e:
+                    self.reject(src, f"in a BUNDLE: {e}")
+                    continue
+                stats.msgs_recv[src] += 1
+                stats.bytes_recv[src] += HEADER_BYTES
+                if validator.seen(src, device, code, seq):
+                    stats.duplicates[src] += 1
+                    continue
+                out.append(Message(kind, src, device, seq, round_, vtime, (a0, a1, a2, a3),
+                                   None, 0, False))  # fmt: skip
+        finally:
+            self.pool.put(raw)
+        return out
 
     def _sort_out(self, e: MPI.Exception) -> list[tuple[int, int]]:
         """After an error testing the header receives: (index, bytes received) of those that

@@ -60,6 +60,8 @@ class Kind(enum.IntEnum):
     #   the saved state (resume); worker -> rank 0: its devices' state; device = -1
     HOST = 28  # down (uint8, runtime.devstate encoding): host `device` from now on (its rank
     #   died): {"state": {plugin: its state from rank 0's latest checkpoint}}
+    BUNDLE = 29  # both (uint8): header-only messages sent as one, their headers back to back
+    #   (the MPI transport's; unpacked on arrival, never delivered as such)
 
 
 class DType(enum.IntEnum):
@@ -114,6 +116,7 @@ SPECS: dict[Kind, KindSpec] = {
     Kind.REPORT: KindSpec("up", frozenset({DType.NONE}), "none"),
     Kind.STATE: KindSpec("both", frozenset({DType.UINT8}), "any"),
     Kind.HOST: KindSpec("down", frozenset({DType.UINT8}), "any"),
+    Kind.BUNDLE: KindSpec("both", frozenset({DType.UINT8}), "any"),
 }
 
 

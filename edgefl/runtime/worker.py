@@ -134,6 +134,7 @@ class Worker:
         self._held_since = 0.0
         self.stack = False  # train.vectorize: queued tasks trained together (stacking.py)
         self.stacked_tasks = 0
+        self._sample_numel: int | None = None  # elements of one example (0: not tensors)
         if cfg["train"]["vectorize"] != "off":  # ("on": refused before launch if it can't)
             why = stacking.why_not(cfg, self.task.flat, [type(p) for p in self.plugins])
             self.stack = why is None
@@ -469,19 +470,20 @@ class Worker:
         return True
 
     def _group(self) -> list[tuple[int, int, int, TaskSpec]]:
-        sample = [1]
-
         def size_of(d: int) -> int | None:
-            ds = (self.split(d) or (self.data.train(d), None))[0]
-            xy = as_tensors(ds)
-            if xy is None:
+            if self._sample_numel is None:  # (the first device says: tensors or not)
+                ds = (self.split(d) or (self.data.train(d), None))[0]
+                xy = as_tensors(ds)
+                self._sample_numel = 0 if xy is None or not len(ds) else int(xy[0][0].numel())
+            if not self._sample_numel:
                 return None
-            sample[0] = int(xy[0][0].numel()) if len(ds) else 1
-            return len(ds)
+            if self.holdout is None:  # (without building the device's dataset)
+                return int(self.data.num_samples(d))
+            return len(self.split(d)[0])
 
         def limit(n: int) -> int:
             mb = self.cfg["train"]["vectorize_mb"]
-            return stacking.stack_limit(mb, self.task.flat.param_numel, n, sample[0])
+            return stacking.stack_limit(mb, self.task.flat.param_numel, n, self._sample_numel)
 
         return stacking.take_group(self.queue, self._ready, size_of, self.torch_dev, limit)
 
@@ -509,6 +511,12 @@ class Worker:
         flat.from_host(self.versions[version])
         start = {n: p.detach().clone() for n, p in model.named_parameters()}
         data = [as_tensors(j.dataset) for j in jobs]
+        sizes = {None if xy is None else len(xy[0]) for xy in data}
+        if len(sizes) != 1 or None in sizes:
+            raise RuntimeError(
+                f"rank {self.rank}: devices {[j.device for j in jobs]} were grouped to train "
+                "stacked but their training data are not tensors of one size"
+            )
         X = torch.stack([x for x, _ in data]).to(dev)
         Y = torch.stack([y for _, y in data]).to(dev)
         ft, tr = jobs[0].fit_task, self.cfg["train"]
@@ -541,6 +549,7 @@ class Worker:
             job.aux = (float(self.data.num_samples(job.device)), float(losses[i]), seconds, 0.0)
             self._send_update(job.device, job, delta)
         self.stacked_tasks += len(jobs)
+        log.debug("rank %d: trained %d tasks stacked", self.rank, len(jobs))
 
     def _flush(self, device: int, task: int) -> None:
         """End of training: a plugin encodes what the device holds back, or a zero UPDATE

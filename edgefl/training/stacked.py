@@ -40,6 +40,27 @@ def groups(sizes: Sequence[int]) -> dict[int, list[int]]:
     return out
 
 
+def _per_device_loss(loss: Callable) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``(outputs (K, b, ...), targets (K, b, ...)) -> (K,)``: each device's mean loss. The
+    built-in cross-entropy on class logits is computed on the whole stack with the classes
+    on dim 1 (``log_softmax`` over a short last dimension is several times slower); any
+    other loss per device (``vmap``)."""
+    import torch.nn.functional as F
+    from torch.func import vmap
+
+    from .losses import CrossEntropy
+
+    if loss is F.cross_entropy or (isinstance(loss, CrossEntropy) and loss.task != "lm"):
+
+        def ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            if out.dim() != 3:  # (not (K, b, classes): as the loss itself computes it)
+                return vmap(F.cross_entropy)(out, y)
+            return F.cross_entropy(out.transpose(1, 2), y, reduction="none").mean(1)
+
+        return ce
+    return vmap(loss)
+
+
 def _orders(n: int, bs: int, total: int, generators: Sequence[torch.Generator]):
     """Per step, the stacked example indices of every device: ``(devices, batch)`` long
     tensors, each device's epochs in its own ``randperm`` order (full batch: no draw)."""
@@ -97,7 +118,7 @@ def fit_stacked(
     The per-device terms are added after ``backward()`` and before the step, where the
     sequential path runs the plugins' gradient hooks; the loss reported is the task loss.
     """
-    from torch.func import functional_call, grad, vmap
+    from torch.func import functional_call, vmap
 
     k, n = int(X.shape[0]), int(X.shape[1])
     if len(generators) != k or int(Y.shape[0]) != k or int(Y.shape[1]) != n:
@@ -111,11 +132,18 @@ def fit_stacked(
     if total == 0:
         return {name: p.expand(k, *p.shape).clone() for name, p in start.items()}, torch.zeros(k)
 
-    def one(params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor):
-        value = loss(functional_call(model, params, (xb,)), yb)
-        return value, value.detach()
+    forward = vmap(lambda p, xb: functional_call(model, p, (xb,)))
+    per_device = _per_device_loss(loss)
 
-    grad_and_loss = vmap(grad(one, has_aux=True), in_dims=(0, 0, 0))
+    def grad_and_loss(params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor):
+        # one backward pass of the devices' summed losses: a device's parameters reach
+        # only its own loss, so each gets its own gradient
+        p = {name: v.detach().requires_grad_(True) for name, v in params.items()}
+        with torch.enable_grad():
+            values = per_device(forward(p, xb), yb)
+            g = torch.autograd.grad(values.sum(), list(p.values()))
+        return dict(zip(p, g, strict=True)), values.detach()
+
     params = {name: p.detach().expand(k, *p.shape).clone() for name, p in start.items()}
     bufs: dict[str, torch.Tensor] | None = None
     losses = []
