@@ -195,7 +195,7 @@ _CORE: dict[str, Any] = {
             choices=("off", "auto", "on"),
         ),
         "vectorize_mb": field(
-            256.0,
+            32.0,
             "float",
             "Memory budget of one stacked computation in MiB (train.vectorize): a worker "
             "trains at most as many devices together as fit (about four model copies plus "
