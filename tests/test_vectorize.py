@@ -45,6 +45,9 @@ def test_auto_trains_within_rounding_of_one_by_one_and_is_deterministic(tmp_path
     # a budget that fits one device per stack: the same model (K-independent results)
     tiny = _run(tmp_path / "tiny", 'train.vectorize="on"', "train.vectorize_mb=0.001")
     assert tiny.model_sha256 == auto.model_sha256 and tiny.summary["stacked_tasks"] == 40
+    # another rank count (other devices share each worker's stacks): the same model
+    two = _run(tmp_path / "two", 'train.vectorize="auto"', "fleet.ranks=2")
+    assert two.model_sha256 == auto.model_sha256
 
 
 @pytest.mark.parametrize(
