@@ -277,13 +277,10 @@ class MPITransport(Transport):
             self._seq[key] = seq
         if len(aux) != 4:
             aux = (*aux, 0.0, 0.0, 0.0, 0.0)[:4]
-        if self._bundles:
-            if payload is None and kind in self.bundle_kinds:
-                return self._bundle(dest, kind, device, seq, round, vtime, aux)
-            if dest in self._bundles:  # (what was bundled before goes first)
-                self._flush_bundle(dest)
-        elif payload is None and kind in self.bundle_kinds:
+        if payload is None and kind in self.bundle_kinds:
             return self._bundle(dest, kind, device, seq, round, vtime, aux)
+        if dest in self._bundles:  # (what was bundled for it before goes first)
+            self._flush_bundle(dest)
         free = self._hsend.get(dest)
         entry = free.pop() if free else self._new_header_send(dest)
         buf, req = entry
@@ -409,15 +406,12 @@ class MPITransport(Transport):
         self._npending += 1
 
     def _reap(self) -> None:
-        self._reaped = time.monotonic()
-        self._reap_now()
-
-    def _reap_now(self) -> None:
         """Finish the completed sends; abandon those to dead ranks. Each rank's sends are
         tested in send order up to the first unfinished one: its later sends wait for the
         next reap untested (a test of an unfinished send drives MPI's progress engine,
         hundreds of microseconds each with thousands pending), so a reap costs one test
         per destination plus one per completed send."""
+        self._reaped = time.monotonic()
         for dest, q in list(self._pending.items()):
             if dest in self._dead:
                 for reqs, payload, release, _, entry in q:

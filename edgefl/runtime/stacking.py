@@ -46,6 +46,11 @@ def stack_limit(budget_mb: float, param_numel: int, n: int, sample_numel: int) -
 _TRAINING_HOOKS = ("before_train", "train", "after_train", "gate")
 
 
+def _hooked(half: type) -> list[str]:
+    """The training hooks worker half ``half`` overrides."""
+    return [h for h in _TRAINING_HOOKS if overrides(half, h, "worker")]
+
+
 def why_not(cfg: dict, flat, halves: list[type]) -> str | None:
     """Why a worker rank of this job cannot train its tasks stacked (None: it can).
 
@@ -67,7 +72,7 @@ def why_not(cfg: dict, flat, halves: list[type]) -> str | None:
     if flat.param_numel != flat.numel:
         return "the model has float buffers (BatchNorm running statistics)"
     for half in halves:
-        hooked = [h for h in _TRAINING_HOOKS if overrides(half, h, "worker")]
+        hooked = _hooked(half)
         if hooked and not half.stackable:
             why = f": {half.stack_note}" if half.stack_note else ""
             return f"plugin {half.__name__} hooks into local training ({', '.join(hooked)}){why}"
@@ -88,7 +93,7 @@ def support_markdown(classes: list[type]) -> str:
         half = getattr(c, "worker", None)
         if half is None:
             continue
-        hooked = [h for h in _TRAINING_HOOKS if overrides(half, h, "worker")]
+        hooked = _hooked(half)
         ok = "yes" if not hooked or half.stackable else "no (trains one by one)"
         note = half.stack_note or ("works on the update after training" if not hooked else "-")
         hooks = ", ".join(f"`{h}`" for h in hooked) or "-"

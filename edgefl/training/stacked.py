@@ -5,7 +5,9 @@ mini-batch SGD in its own Python loop: for the few small steps of an edge device
 Python and autograd overhead dominates the arithmetic. :func:`fit_stacked` trains a group
 of devices that start from the same model together: their parameters (and SGD momentum)
 are stacked along a leading device axis, each step evaluates every device's loss
-gradient at once (``vmap`` of ``grad`` of ``functional_call``), and each device visits its
+gradient at once (a ``vmap`` of ``functional_call`` forward, then one backward pass of
+the devices' summed losses: a device's parameters reach only its own loss), and each
+device visits its
 own examples in its own order, drawn from its own generator exactly as the sequential
 trainer draws it (``torch.randperm(n, generator=g)`` per epoch). The devices of one call
 hold the same number of examples and use the same batch size, so every step stacks
