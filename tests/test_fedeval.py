@@ -266,3 +266,26 @@ def test_golden_model_unchanged_with_evaluation_off():
     summary, _ = run_loopback([*entry["set"], "evaluation.every=0"])
     assert summary["model_sha256"] == entry["model_sha256"]
     assert summary["fed_eval"] is None
+
+
+def test_the_final_model_is_evaluated_on_every_device():
+    """evaluation.final (default): 4 rounds evaluated every 3 land version 3 only; the
+    final version 4 is evaluated at the end on every device, and each device's figures are
+    the final model's on its held-out split, computed here independently."""
+    coord = _job("evaluation.every=3")
+    half = coord.plugins[-1]
+    s = half.summary()["fed_eval"]
+    assert s["last"]["version"] == 3
+    final = s["final"]
+    assert final["version"] == 4 == coord.version and final["missing"] == []
+    assert sorted(final["devices"], key=int) == ["0", "1", "2", "3", "4"]
+    coord.task.flat.from_host(coord.global_model)
+    kind = coord.task.data.info.task
+    for d, got in final["devices"].items():
+        held_out = holdout_split(coord.task.data.train(int(d)), 0.2, coord.cfg["seed"], int(d))[1]
+        want = evaluate_on(coord.task.model, held_out, kind, {})
+        assert got == pytest.approx(want)
+    tot = sum(v["samples"] for v in final["devices"].values())
+    want = sum(v["samples"] * v["accuracy"] for v in final["devices"].values()) / tot
+    assert final["fed_accuracy"] == pytest.approx(want)
+    assert _job("evaluation.every=3", "evaluation.final=false").plugins[-1].final_result is None

@@ -247,6 +247,12 @@ class CoordinatorPlugin:
 
     def on_row(self, row: dict) -> None: ...
 
+    def on_end(self) -> None:
+        """Training is over (the last version made, held-back updates flushed), the
+        workers not yet stopped: a last exchange with them (``ctx.send_model_to``,
+        ``ctx.send``, ``ctx.poll``), e.g. evaluating the final model. Not called when
+        the run was interrupted, diverged or failed."""
+
 
 class WorkerPlugin:
     """Worker-rank half of an algorithm; ``self.ctx`` is its :class:`WorkerContext`. The

@@ -203,6 +203,12 @@ class CoordinatorContext(_Both):
         resend) and return it."""
 
     @abstractmethod
+    def send_model_to(self, rank: int) -> None:
+        """Send worker ``rank`` the current global model (through the ``send_model``
+        chain, as a task's download) unless it already holds this version; for an
+        exchange after training (``on_end``)."""
+
+    @abstractmethod
     def book_up(self, d: int, nbytes: int) -> None:
         """Count one message of ``nbytes`` bytes (header included) sent up by ``d``."""
 
@@ -261,6 +267,12 @@ class WorkerContext(_Both):
     @abstractmethod
     def queued_versions(self) -> set[int]:
         """Model versions that tasks waiting on this rank start from."""
+
+    @abstractmethod
+    def global_model(self, version: int, d: int) -> Any:
+        """Device ``d``'s torch module holding global model ``version`` (one this rank
+        received), on the device's torch device; the next task loads its own start
+        again. Raises KeyError for a version this rank does not hold."""
 
     @abstractmethod
     def install_model(self, version: int, keys: np.ndarray, values: np.ndarray) -> None:

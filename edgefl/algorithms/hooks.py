@@ -65,6 +65,7 @@ rank0  on_device_moved   all   a dead rank's device has a new host: edit the sta
 rank0  flush_devices     own   end of training: the devices whose worker half holds mass back
 rank0  on_flushed        own   one device's final flush arrived (the plugin that asked)
 rank0  on_row            all   a metrics row is about to be written: add keys
+rank0  on_end            all   training is over, workers not yet stopped: a last exchange
 rank0  summary           own   summary.json is written: the keys to add
 rank0  state_dict        own   every checkpoint: saved under the plugin's name
 rank0  load_state_dict   own   resume: restore it (after on_registered)

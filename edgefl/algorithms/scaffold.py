@@ -240,6 +240,13 @@ class Scaffold(Plugin):
              "download, which working-set pulls replace"),
             ("fedprox.enabled", one_of(False), "SCAFFOLD and FedProx are alternative "
              "corrections of client drift"),
+            ("train.momentum", one_of(0.0), "option II's client variate (x - y_i) / (K lr) "
+             "is the task's mean gradient only for plain SGD steps; with momentum the steps "
+             "are larger, the corrections grow round by round and the model diverges "
+             "(docs/client-drift.md: digits, CNN, momentum 0.9: test loss NaN by round 19)"),
+            ("train.optimizer", one_of("sgd"), "option II's client variate (x - y_i) / (K lr) "
+             "assumes plain SGD steps of size lr times the gradient, which adaptive "
+             "optimizers do not take"),
         )
     )  # fmt: skip
 

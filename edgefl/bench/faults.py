@@ -528,10 +528,11 @@ def byzantine(args, root: Path, clean: dict, mode: str, aggregation: str) -> dic
     ]
     status = _job(out, sets)
     # a run the attack drove to inf/NaN (non-finite model, or every update rejected as
-    # non-finite) stops cleanly with status 3: that is the degradation being measured, so
-    # the row counts as completed (it ended by itself), with its last accuracy
-    row = _row(name, out, status in (0, 3), clean, t0, exit_status=status)
-    if status == 3:
+    # non-finite) stops cleanly with status 3, or 4 when the divergence guard stops it: that
+    # is the degradation being measured, so the row counts as completed (it ended by
+    # itself), with its last accuracy
+    row = _row(name, out, status in (0, 3, 4), clean, t0, exit_status=status)
+    if status in (3, 4):
         s = _summary(out)
         row["completed"] = bool(s.get("stopped"))
         row["stopped"] = s.get("stopped", "")

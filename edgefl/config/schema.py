@@ -29,6 +29,25 @@ _CORE: dict[str, Any] = {
         "eval_every": field(
             1, "int", "Evaluate the global model on the test set every N rounds.", min=1
         ),
+        "on_divergence": field(
+            "stop",
+            "str",
+            "When the run diverges (the global test loss becomes non-finite, or "
+            "run.divergence_share of the devices is quarantined for non-finite updates): "
+            "stop = stop with exit status 4 and one line naming the likely cause; continue "
+            "= say so once and go on. A non-finite global model always stops. summary.json "
+            "`diverged` records the first sign either way.",
+            choices=("stop", "continue"),
+        ),
+        "divergence_share": field(
+            0.5,
+            "float",
+            "Share of the fleet's devices quarantined for non-finite updates "
+            "(fleet.quarantine_after) at which the run counts as diverged, in (0, 1].",
+            min=0.0,
+            max=1.0,
+            exclusive_min=True,
+        ),
         "max_virtual_s": field(
             0.0,
             "float",

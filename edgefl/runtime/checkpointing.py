@@ -172,17 +172,23 @@ def _diverged(core: Coordinator, round_: int) -> str:
 
 
 def _another_chance(core: Coordinator) -> None:
-    """A run that stopped because every device was quarantined (a NaN loss everywhere, say)
-    could not go on from its checkpoint at all: resumed, its devices get another chance."""
-    q = core.quarantine
-    if not core.devices or not all(q.get(d, {}).get("excluded_at") is not None
-                                   for d in core.devices):  # fmt: skip
+    """A run that stopped because every device was quarantined (a NaN loss everywhere, say),
+    or ``run.divergence_share`` of them for non-finite updates (the divergence guard), could
+    only stop again from its checkpoint: resumed, those devices get another chance."""
+    q, devices = core.quarantine, core.devices
+    out = [d for d in devices if q.get(d, {}).get("excluded_at") is not None]
+    if not devices or not out:
         return
-    for entry in q.values():
-        entry["excluded_at"] = None
-        entry["streak"] = 0
-        entry.pop("reason", None)
-    print(f"edgefl: all {len(core.devices)} devices were quarantined when the run stopped; "
+    if len(out) < len(devices):  # (only the guard's stop: devices hung are left out)
+        out = [d for d in out if "reason" not in q[d]]
+        if len(out) < float(core.cfg["run"]["divergence_share"]) * len(devices):
+            return
+    for d in out:
+        q[d]["excluded_at"] = None
+        q[d]["streak"] = 0
+        q[d].pop("reason", None)
+    many = "all" if len(out) == len(devices) else f"{len(out)} of"
+    print(f"edgefl: {many} {len(devices)} devices were quarantined when the run stopped; "
           "the resumed run gives them another chance", flush=True)  # fmt: skip
 
 

@@ -174,6 +174,9 @@ class RuntimeCoordinatorContext(CoordinatorContext):
     def wait_for(self, key: tuple[int, int]) -> Message:
         return self._core.wait_for(key)
 
+    def send_model_to(self, rank: int) -> None:
+        self._core.model_to_rank(rank, wait=True)
+
     def book_up(self, d: int, nbytes: int) -> None:
         self._core.book_up(d, nbytes)
 
@@ -247,6 +250,12 @@ class RuntimeWorkerContext(WorkerContext):
 
     def queued_versions(self) -> set[int]:
         return {q[2] for q in self._w.queue}
+
+    def global_model(self, version: int, d: int) -> Any:
+        w = self._w
+        model, flat = w.model_on(w.torch_dev[d])
+        flat.from_host(w.versions[version])
+        return model
 
     def install_model(self, version: int, keys: np.ndarray, values: np.ndarray) -> None:
         w = self._w

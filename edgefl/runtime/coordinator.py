@@ -28,7 +28,17 @@ from ..policies.consistency import Apply, Arrival, Decision, make_consistency
 from ..rankwrap import defer_stop
 from ..server import make_server
 from ..sim.timeline import Timeline
-from . import blame, checkpointing, failures, flush, planning, registration, rehost, summary
+from . import (
+    blame,
+    checkpointing,
+    divergence,
+    failures,
+    flush,
+    planning,
+    registration,
+    rehost,
+    summary,
+)
 from .contexts import RuntimeCoordinatorContext
 from .events import (
     ARRIVE,
@@ -101,6 +111,7 @@ class Coordinator:
         self.stopped = ""
         self.interrupted = False  # stopped to be resumed (not the end of training)
         self.exit_status = 0
+        self.diverged: dict | None = None  # the first sign of divergence (divergence.py)
         self.version = 0
         self.plugins: list[CoordinatorPlugin] = []
 
@@ -432,8 +443,7 @@ class Coordinator:
         if not np.isfinite(self.global_model).all():
             # diverged (e.g. poisoned updates averaged in by plain mean): every later update
             # would be rejected, so stop here rather than loop
-            self.stopped = f"the global model became non-finite at version {self.version}"
-            self.exit_status = 3
+            divergence.model_nonfinite(self)
         self.log_event("apply", now, -1, -1, updates=len(arr))
         self._row(arr, now)
 
@@ -554,6 +564,9 @@ class Coordinator:
             self._loop(rounds)
             self._flush()
             self.server.finish()
+            if self.exit_status == 0 and not self.interrupted:
+                for p in self.plugins:
+                    p.on_end()  # (e.g. federated evaluation of the final model)
             self._end()
         finally:
             if self.events_log is not None:

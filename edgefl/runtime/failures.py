@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..policies.consistency import Decision
-from . import rehost
+from . import divergence, rehost
 
 if TYPE_CHECKING:  # (annotations only)
     from .coordinator import Coordinator
@@ -168,6 +168,7 @@ def quarantine(core: Coordinator, d: int, task: int, what: str, msg: Any) -> Non
         q["excluded_at"] = core.version
         print(f"edgefl: device {d} quarantined: {q['streak']} non-finite updates in a row "
               "(fleet.quarantine_after); it gets no more tasks", flush=True)  # fmt: skip
+        divergence.check_quarantine(core)
     core.log_event("quarantine", core.ev.now, d, task)
     core.t.release(msg)
     return None

@@ -17,6 +17,7 @@ import torch
 from ..algorithms import summary_defaults
 from ..comm.wire import HEADER_BYTES
 from ..models.train import evaluate
+from . import divergence
 from .output import summary_table
 from .rundir import read_run_id
 
@@ -109,6 +110,7 @@ def finish(core: Coordinator, rows: list[dict], rounds_done: int, wall: float, e
     print(summary_table(rows, core.devices, info), flush=True)
     evals = [r for r in rows if r.get("test_loss") is not None]
     final_acc = evals[-1]["test_accuracy"] if evals else None
+    best = best_row(rows)
     print(
         f"final accuracy: {final_acc:.4f}" if final_acc is not None else "final accuracy: -",
         flush=True,
@@ -120,6 +122,9 @@ def finish(core: Coordinator, rows: list[dict], rounds_done: int, wall: float, e
         **info,
         "final_accuracy": final_acc,
         "final_test_loss": evals[-1]["test_loss"] if evals else None,
+        "best_accuracy": best["test_accuracy"] if best else None,
+        "best_round": best["round"] if best else None,
+        "diverged": core.diverged,
         "model_sha256": model_sha256(core.global_model),
         "devices": {str(d): v for d, v in sorted(core.devices.items())},
         "wire": {
@@ -131,6 +136,13 @@ def finish(core: Coordinator, rows: list[dict], rounds_done: int, wall: float, e
     }
     write_json(core.out_dir / "summary.json", out)
     torch.save(core.task.model.state_dict(), core.out_dir / "final_model.pt")
+
+
+def best_row(rows: list[dict]) -> dict | None:
+    """The row of the highest test accuracy (the earliest of equal ones); None when no row
+    has one (never evaluated, or regression)."""
+    evals = [r for r in rows if r.get("test_accuracy") is not None]
+    return max(evals, key=lambda r: r["test_accuracy"]) if evals else None
 
 
 def model_sha256(arr: np.ndarray) -> str:
@@ -167,7 +179,10 @@ def record_row(core: Coordinator, arr: list, now: float) -> None:
     core.progress.update(row)
     target = cfg["run"]["target_accuracy"]
     stop_at = cfg["debug"]["stop_after_round"]
-    if target > 0 and (row.get("test_accuracy") or 0.0) >= target:
+    divergence.check_row(core, row)
+    if core.stopped:
+        pass  # (diverged: the guard said so)
+    elif target > 0 and (row.get("test_accuracy") or 0.0) >= target:
         core.stopped = f"target accuracy {target} reached at round {r}"
     elif stop_at and r == stop_at and r < cfg["run"]["rounds"]:
         core.stopped = f"debug.stop_after_round = {stop_at}"

@@ -134,7 +134,7 @@ def test_it_is_enabled_by_its_switch_only():
 
 def test_every_requirement_is_triggered_by_the_switch_and_met_by_the_defaults():
     keys = [r.key for r in Scaffold.requires]
-    assert len(keys) == len(set(keys)) == 7
+    assert len(keys) == len(set(keys)) == 9
     for r in Scaffold.requires:
         assert r.when == "scaffold.enabled" and r.because
         assert r.holds(config(None, ON))
@@ -151,6 +151,8 @@ def test_every_requirement_is_triggered_by_the_switch_and_met_by_the_defaults():
         ("ps.servers=2", "ps.servers"),
         ('algorithm.residual="gddr"', "algorithm.residual"),
         ('ps.pull="working-set"', "ps.pull"),
+        ("train.momentum=0.9", "train.momentum"),  # (the diverging job of issue 28)
+        ('train.optimizer="adam"', "train.optimizer"),
     ],
 )
 def test_a_conflicting_setting_is_refused_naming_both_keys(setting, key):

@@ -5,9 +5,9 @@ Real ``edgefl simulate`` jobs (the default job, 2 worker ranks), one per way a r
 early; each checks the checkpoint written at the stop and that ``--resume`` of it works:
 
 - every device quarantined (a NaN loss everywhere from model version 5, and no periodic
-  checkpoint: before, the run left none at all): rc 3; resumed, the devices get another
-  chance and the run completes;
-- divergence (the global model overflows at version 7): rc 3, the final checkpoint holds
+  checkpoint: before, the run left none at all): the divergence guard stops it once half
+  are, rc 4; resumed, the devices get another chance and the run completes;
+- divergence (the global model overflows at version 7): rc 4, the final checkpoint holds
   the non-finite model, and resuming it says which earlier checkpoint to resume instead;
   that one completes;
 - a worker killed with ``fleet.on_failure = "stop"``: rc 3; the resume completes;
@@ -115,12 +115,13 @@ def test_all_devices_quarantined_leaves_a_checkpoint_to_resume(tmp_path, launche
     out = tmp_path / "run"
     client = 'train.client="hang_client:nan_everywhere"'
     status, text = _run(out, client, "run.checkpoint_every=0", EDGEFL_TEST_BREAK="1")
-    assert status == 3, text[-3000:]
+    assert status == 4, text[-3000:]  # the divergence guard: half the fleet quarantined
     s = _summary(out)
-    assert s["stopped"].startswith("no device can make progress"), s["stopped"]
-    assert (
-        all(q["excluded_at"] == 5 for q in s["quarantined"].values()) and len(s["quarantined"]) == 8
-    )
+    why = "4 of 8 devices were quarantined for non-finite updates (run.divergence_share = 0.5)"
+    assert s["stopped"] == f"diverged: {why}", s["stopped"]
+    assert f"edgefl: the run diverged: {why}; likely cause: the client hook" in text
+    out_now = [q for q in s["quarantined"].values() if q["excluded_at"] is not None]
+    assert len(out_now) == 4 and all(q["excluded_at"] == 5 for q in out_now)
     ckpt = out / "checkpoints" / "ckpt-000005.h5"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [ckpt.name]
     status, text, s = _resume(out, ckpt)  # (fixed: EDGEFL_TEST_BREAK unset)
@@ -131,10 +132,16 @@ def test_all_devices_quarantined_leaves_a_checkpoint_to_resume(tmp_path, launche
 @MPI
 def test_a_diverged_run_checkpoints_and_says_where_to_resume(tmp_path, launcher):
     out = tmp_path / "run"
-    sets = ('train.client="hang_client:diverge"', "server.optimizer=fedavgm")
+    # (not evaluated on the way: the guard would stop at version 6's NaN test loss, before
+    # the model itself overflows)
+    sets = ('train.client="hang_client:diverge"', "server.optimizer=fedavgm", "run.eval_every=50")
     status, text = _run(out, *sets, EDGEFL_TEST_BREAK="1")
-    assert status == 3, text[-3000:]
-    assert _summary(out)["stopped"] == "the global model became non-finite at version 7"
+    assert status == 4, text[-3000:]
+    s = _summary(out)
+    assert s["stopped"] == "diverged: the global model became non-finite at version 7"
+    assert (
+        s["diverged"]["version"] == 7 and "server.optimizer = 'fedavgm'" in s["diverged"]["cause"]
+    )
     final, before = (out / "checkpoints" / f"ckpt-00000{r}.h5" for r in (7, 5))
     assert final.is_file() and before.is_file()
     status, text, _ = _resume(out, final)

@@ -23,6 +23,13 @@ SECTIONS = {
             min=0.0,
             exclusive_min=True,
         ),
+        "final": field(
+            True,
+            "bool",
+            "With federated evaluation on (every > 0): at the end, every live device also "
+            "evaluates the final global model on its held-out split (summary.json "
+            "fed_eval.final, per device), whatever every divides.",
+        ),
         "metrics": field(
             [],
             "list[str]",

@@ -4,6 +4,8 @@ global version and add them to the metrics rows (docs/evaluation.md)."""
 from __future__ import annotations
 
 import logging
+import math
+import time
 
 import torch
 
@@ -11,7 +13,7 @@ from ...comm import Message
 from ...comm.wire import HEADER_BYTES
 from ..base import CoordinatorPlugin, TaskSpec
 from ..context import CoordinatorContext
-from .kinds import FED_EVAL
+from .kinds import EVAL_ASK, FED_EVAL
 from .metrics import decode, load_metrics, metric_means, weighted_means
 
 log = logging.getLogger("edgefl.coordinator")
@@ -30,6 +32,11 @@ class FedEvalCoordinator(CoordinatorPlugin):
     one; ``fed_version`` names it). The final row (``run.rounds``) also takes the oldest
     version still waiting; versions still pending when the run ends are dropped (counted
     in summary.json).
+
+    With ``evaluation.final`` (default on) the final model is evaluated too: after
+    training (``on_end``) every live device is sent the final version and asked to evaluate
+    it (EVAL_ASK); the answers are summary.json ``fed_eval.final`` (per device and the
+    sample-weighted means), not a metrics row.
     """
 
     message_kinds = (FED_EVAL,)
@@ -49,6 +56,9 @@ class FedEvalCoordinator(CoordinatorPlugin):
         self.last: dict | None = None  # the latest landed version's means (summary.json)
         self.landed = 0
         self.dropped: list[int] = []
+        self.final = bool(cfg["evaluation"].get("final", True))
+        self.final_result: dict | None = None
+        self.dead: set[int] = set()  # devices dead for good (no final evaluation)
 
     # -- collecting ---------------------------------------------------------------------
     def _ended(self, d: int) -> None:
@@ -72,6 +82,7 @@ class FedEvalCoordinator(CoordinatorPlugin):
 
     def on_device_dead(self, d: int, now: float) -> None:
         self._ended(d)
+        self.dead.add(d)
 
     def on_message(self, msg: Message) -> None:
         ctx, d = self.ctx, msg.device
@@ -124,6 +135,50 @@ class FedEvalCoordinator(CoordinatorPlugin):
         self.last = {"version": v, "devices": len(per), **means}
         self.landed += 1
 
+    # -- the final model ------------------------------------------------------------------
+    def on_end(self) -> None:
+        """``evaluation.final``: every live device evaluates the final global model; waits
+        up to ``comm.failure_timeout_s`` (60 s when that is 0) for the answers, and a device
+        whose rank fails meanwhile is listed as missing."""
+        if not self.final:
+            return
+        ctx, v = self.ctx, self.ctx.version
+        failed = ctx.failed_ranks
+        asked = [d for d in sorted(ctx.devices) if d not in self.dead
+                 and ctx.rank_of(d) not in failed]  # fmt: skip
+        self.pending.pop(v, None)  # (a task that started from v evaluated the same model)
+        for rank in sorted({ctx.rank_of(d) for d in asked}):
+            ctx.send_model_to(rank)
+        for d in asked:
+            ctx.send(ctx.rank_of(d), EVAL_ASK, device=d, round=v)
+        limit = float(ctx.cfg["comm"]["failure_timeout_s"]) or 60.0
+        deadline = time.monotonic() + limit
+        waiting = set(asked)
+        while waiting and time.monotonic() < deadline:
+            for msg in ctx.poll(0.2):
+                if msg.kind == FED_EVAL:
+                    self.on_message(msg)
+                else:
+                    ctx.release(msg)  # (late updates of tasks nobody waits for)
+            got = self.pending.get(v, {})
+            failed = ctx.failed_ranks
+            waiting = {d for d in waiting if str(d) not in got and ctx.rank_of(d) not in failed}
+        res = self.pending.pop(v, {})
+        per = {d: res[d] for d in sorted(res, key=int)}
+        means = {f"fed_{k}": m for k, m in weighted_means(per, self.keys).items()} if per else {}
+        missing = [d for d in asked if str(d) not in per]
+        self.final_result = {"version": v, "devices": per, **means, "missing": missing}
+        if per:
+            accs = [r["accuracy"] for r in per.values() if math.isfinite(r["accuracy"])]
+            spread = f" (min {min(accs):.4f}, max {max(accs):.4f})" if accs else ""
+            acc = means.get("fed_accuracy", math.nan)
+            print(f"federated evaluation of the final model (version {v}, {len(per)} devices): "
+                  f"accuracy {acc:.4f}{spread}, loss {means.get('fed_loss', math.nan):.4f}",
+                  flush=True)  # fmt: skip
+        if missing:
+            log.warning("federated evaluation of the final model: no answer from devices %s",
+                        missing)  # fmt: skip
+
     # -- summary and checkpoints ----------------------------------------------------------
     def summary(self) -> dict:
         return {
@@ -132,6 +187,7 @@ class FedEvalCoordinator(CoordinatorPlugin):
                 "versions_landed": self.landed,
                 "versions_dropped": sorted(self.dropped + list(self.pending)),
                 "last": self.last,
+                "final": self.final_result,
             }
         }
 
