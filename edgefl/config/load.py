@@ -177,8 +177,11 @@ def _check_override_path(path: str) -> None:
 
 def read_toml(path: str | Path) -> dict:
     """Read a TOML file; missing file, a directory or bad syntax gives a ConfigError naming
-    the file. A file without any setting warns on stderr (the run is the built-in job)."""
-    p = Path(path)
+    the file. A file without any setting warns on stderr (the run is the built-in job).
+    ``recipe:<name>`` reads the shipped recipe of that name (:mod:`edgefl.recipes`)."""
+    from .. import recipes
+
+    p = recipes.path(path) if recipes.is_recipe(path) else Path(path)
     if p.is_dir():
         raise ConfigError(f"config file '{path}' is a directory, not a TOML file")
     if not p.is_file():

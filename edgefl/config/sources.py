@@ -25,6 +25,8 @@ def config_source(config: Any) -> tuple[str | None, dict | None, str]:
     """(path, doc, name for the default run directory) of ``simulate``'s ``config``."""
     if config is None:
         return None, None, "default"
+    if isinstance(config, str) and config.startswith("recipe:"):  # (edgefl.recipes)
+        return config, None, config[len("recipe:") :]
     if isinstance(config, (str, os.PathLike)):
         return str(config), None, Path(config).stem
     if isinstance(config, Mapping):
