@@ -563,10 +563,10 @@ class Coordinator:
         try:
             self._loop(rounds)
             self._flush()
-            self.server.finish()
             if self.exit_status == 0 and not self.interrupted:
                 for p in self.plugins:
                     p.on_end()  # (e.g. federated evaluation of the final model)
+            self.server.finish()
             self._end()
         finally:
             if self.events_log is not None:

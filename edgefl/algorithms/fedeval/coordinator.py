@@ -143,6 +143,12 @@ class FedEvalCoordinator(CoordinatorPlugin):
         if not self.final:
             return
         ctx, v = self.ctx, self.ctx.version
+        if ctx.cfg["ps"]["servers"]:
+            # the final model would reach the workers in pieces from the shards, which an
+            # EVAL_ASK from rank 0 could overtake
+            self.final_result = {"version": v, "skipped": "ps.servers > 0 (sharded server)"}
+            log.info("federated evaluation of the final model: skipped under ps.servers")
+            return
         failed = ctx.failed_ranks
         asked = [d for d in sorted(ctx.devices) if d not in self.dead
                  and ctx.rank_of(d) not in failed]  # fmt: skip
