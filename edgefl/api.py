@@ -22,13 +22,15 @@ from .config.sources import config_source, override_list, simulation_config
 from .errors import EdgeflError
 from .launching import banner, launch_mpi, mpi_command, mpi_launcher, needs_relay, run_in_process
 from .preflight import check_ranks_can_import, preflight
+from .shipped import ObjectTable
 
 BACKENDS = ("mpi", "inline")
 
 
 class RunFailed(EdgeflError):
     """A run that ended with a nonzero exit status (2: an error, see the message; 3: the
-    job stopped early, e.g. the model diverged; 128 + N: killed by signal N from outside;
+    job stopped early, e.g. a rank failed or nothing could progress; 4: the model diverged,
+    see ``Result(run_dir).diverged``; 128 + N: killed by signal N from outside;
     docs/fault-tolerance.md section 9 lists them all).
 
     Attributes:
@@ -96,14 +98,34 @@ class Result:
 
         return load_config(self.run_dir / "config.toml")
 
-    def metrics_frame(self) -> Any:
-        """:attr:`metrics` as a pandas DataFrame, one row per round (the per-device
-        ``devices`` column holds dicts). Raises ImportError when pandas is missing."""
+    @property
+    def best_accuracy(self) -> float | None:
+        """The highest test accuracy (fraction in [0, 1]) of any evaluated model version;
+        None if never evaluated. Its version: ``summary["best_round"]``."""
+        return self.summary.get("best_accuracy")
+
+    @property
+    def diverged(self) -> dict | None:
+        """The first sign of divergence the run saw (``{"version", "reason", "cause"}``,
+        docs/fault-tolerance.md), or None."""
+        return self.summary.get("diverged")
+
+    def metrics_frame(self, flat: bool = True) -> Any:
+        """:attr:`metrics` as a pandas DataFrame, one row per round.
+
+        ``flat=True`` (default): nested values are columns, named as in the csv tracker's
+        ``metrics.csv`` (``device/<id>/bytes_up``, ``fed_eval/<id>/accuracy``,
+        ``client/...``); lists are left out. ``flat=False``: one column per top-level key
+        (``devices``, ``fed_eval`` hold dicts). Raises ImportError when pandas is missing."""
         try:
             import pandas as pd
         except ImportError:
             raise ImportError("Result.metrics_frame() needs pandas: pip install pandas") from None
-        return pd.DataFrame(self.metrics)
+        if not flat:
+            return pd.DataFrame(self.metrics)
+        from .runtime.trackers import flatten
+
+        return pd.DataFrame([flatten(r) for r in self.metrics])
 
     def model(self) -> Any:
         """A torch module of the configured model holding the final weights
@@ -154,9 +176,14 @@ def simulate(
             does; same run directory and, for the same config and seed, the same final
             model. A backend given here wins over ``run.backend``.
 
-    A class or function given as a config value (``{"model.name": MyNet}``) stands for its
-    ``'module:qualname'``. Objects of ``__main__`` (a script, a notebook) work only with
-    ``backend="inline"``: the MPI ranks are new processes that cannot import them.
+    A class, function or other callable given as a config value (``{"model.name": MyNet}``)
+    stands for its ``'module:qualname'`` when the ranks can import it by that name. One
+    they cannot (defined in ``__main__``: a notebook, a script; inside a function; a lambda,
+    a ``functools.partial``) is passed by value (:mod:`edgefl.shipped`): with
+    ``backend="mpi"`` it is pickled with cloudpickle into a payload that only this call's
+    ranks load, after checking its SHA-256 against the digest this call gives them; the
+    config names it ``"edgefl.shipped.by_value:Name"``. With ``backend="inline"`` it is used
+    as it is (``__main__`` objects keep their ``"__main__:Name"``).
 
     Raises:
         ConfigError: a bad key or value, before anything starts (nothing is written).
@@ -166,6 +193,11 @@ def simulate(
     """
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
+    objects = ObjectTable()  # callables the ranks cannot import by name (edgefl/shipped.py)
+    if isinstance(config, Mapping):
+        config = objects.take(config)
+    if overrides is not None:
+        overrides = objects.take(overrides)
     path, doc, stem = config_source(config)
     cfg, ranks = simulation_config(path, override_list(overrides), doc=doc)
     backend = cfg["run"]["backend"] if backend is None else backend
@@ -179,16 +211,20 @@ def simulate(
 
     detail = ""
     if backend == "mpi":
+        cfg, shipment = objects.ship(cfg)  # by value: __main__'s and other unimportable ones
         check_ranks_can_import(cfg)
         launcher, cfg = mpi_launcher(cfg)
         preflight(cfg)
         run_dir = run_dir_of(cfg)
         prepare_run_dir(run_dir, cfg, resuming=False)
         print(banner(cfg, ranks, launcher, run_dir), flush=True)
-        status = launch_mpi(mpi_command(launcher, ranks, run_dir), run_dir, relay=needs_relay())
+        with shipment.staged(run_dir) as env:  # the payload, for this job's ranks only
+            cmd = mpi_command(launcher, ranks, run_dir)
+            status = launch_mpi(cmd, run_dir, relay=needs_relay(), env=env)
     else:
         from .runtime.inline import check_inline
 
+        objects.register(cfg)
         check_inline(cfg)
         run_dir = run_dir_of(cfg)
         status, detail = run_in_process(cfg, ranks, run_dir)

@@ -36,7 +36,7 @@ def _add_config_args(p: argparse.ArgumentParser, config_optional: bool) -> None:
 
 # commands whose parsing does not need the parsers of ``bench`` and ``report`` (whose modules
 # every rank of a job would otherwise import just to build them)
-LIGHT_COMMANDS = ("simulate", "run", "inspect", "config", "data")
+LIGHT_COMMANDS = ("simulate", "run", "inspect", "config", "data", "recipes")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -114,6 +114,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     q.add_argument("--devices", type=int, help="number of devices (fleet.devices)")
     q.set_defaults(func=cmd_data_export)
 
+    p = sub.add_parser("recipes", help="list the shipped configs that train real data, or show one")
+    p.add_argument("action", nargs="?", choices=("list", "show", "path"), default="list")
+    p.add_argument("name", nargs="?", help="the recipe (show, path)")
+    p.set_defaults(func=cmd_recipes)
+
     if command not in LIGHT_COMMANDS:
         from .bench import add_bench_parser
         from .report import add_parser as add_report_parser
@@ -121,6 +126,25 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         add_bench_parser(sub)
         add_report_parser(sub)
     return parser
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    """``edgefl recipes``: the table of recipes; ``show NAME``: its TOML; ``path NAME``."""
+    from . import recipes
+
+    if args.action == "list":
+        if args.name:
+            raise EdgeflError(f"edgefl recipes list takes no name (got {args.name!r})")
+        print(recipes.table_markdown(), end="")
+        print("run one: edgefl simulate recipe:NAME; copy one: edgefl recipes show NAME > my.toml")
+        return 0
+    if not args.name:
+        raise EdgeflError(f"edgefl recipes {args.action} needs a recipe name")
+    found = recipes.path(args.name)
+    print(found.read_text(encoding="utf-8") if args.action == "show" else found, end="")
+    if args.action == "path":
+        print()
+    return 0
 
 
 def _ranks_arg(text: str) -> int | str:
@@ -153,6 +177,10 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _stem(config: str | None) -> str:
+    from .recipes import is_recipe, stem
+
+    if is_recipe(config):
+        return stem(config)
     return Path(config).stem if config else "default"
 
 
@@ -187,6 +215,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     from .preflight import PreflightFailed, check_ranks_can_import, preflight_apart
     from .runtime.rundir import check_run_dir, resolve_run_dir
+    from .shipped import refuse_unshipped
 
     _quick_exit()
     doc = None
@@ -204,11 +233,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             doc = tomllib.loads(resumed["config_toml"])
             # fault-test hooks describe the interrupted job, not its continuation
             doc.get("debug", {}).pop("kill_ranks", None)
+            # objects edgefl.simulate() passed by value are not in any file (edgefl/shipped.py)
+            refuse_unshipped(doc, args.resume, _overrides(args))
             check_resume_args(doc, args)  # its code runs only on your say-so (edgefl/trust.py)
         del resumed
     # the effective config the ranks run with (written to the run directory)
     backend = [f'run.backend="{args.backend}"'] if args.backend else []  # (wins over --set)
     cfg, ranks = simulation_config(args.config, _overrides(args) + backend, doc=doc)
+    refuse_unshipped(cfg)  # (e.g. the config.toml of a run directory of such a run)
     inline = cfg["run"]["backend"] == "inline"
     if inline:  # every rank in this process, as edgefl.simulate(backend="inline")
         from .runtime.inline import check_inline
@@ -280,6 +312,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from . import kernels
 
     kernels.pin(cfg["run"]["kernels"])  # before torch loads (mpirun ... edgefl run by hand)
+    from .shipped import load_on_rank
+
+    try:  # objects edgefl.simulate() passed by value: its payload, digest checked first
+        load_on_rank(cfg)
+    except EdgeflError as e:
+        if rank == 0:  # (every rank finds the same)
+            print(f"edgefl: error: {e}", file=sys.stderr, flush=True)
+        return 2
     from .comm.mpi import finalize
     from .runtime.job import run_rank
 

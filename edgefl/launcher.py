@@ -3,9 +3,10 @@ a stopped or killed ``edgefl simulate`` (used by ``edgefl simulate`` and benches
 
 Exit statuses of a job (docs/fault-tolerance.md, "Stopping a run: exit statuses"): 0
 completed, 2 user error, 3 stopped early (rank failure with ``fleet.on_failure = "stop"``,
-diverged, nothing can progress), 130 interrupted (``edgefl simulate`` got SIGINT, SIGTERM
-or SIGHUP and stopped every rank), 128 + N killed by signal N (mpiexec or the ranks were
-killed from outside, or ``edgefl simulate`` itself was SIGKILLed: 137).
+nothing can progress), 4 diverged (:mod:`edgefl.runtime.divergence`), 130 interrupted
+(``edgefl simulate`` got SIGINT, SIGTERM or SIGHUP and stopped every rank), 128 + N killed
+by signal N (mpiexec or the ranks were killed from outside, or ``edgefl simulate`` itself
+was SIGKILLed: 137).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from . import procfs
 from .errors import EdgeflError
 
-COMPLETED, USER_ERROR, STOPPED, INTERRUPTED = 0, 2, 3, 130
+COMPLETED, USER_ERROR, STOPPED, DIVERGED, INTERRUPTED = 0, 2, 3, 4, 130
 KILLED = 128  # + the signal number
 # set in every rank's environment: "<pid of the launching process>:<launch id>"
 LAUNCHER_ENV = "EDGEFL_LAUNCHER"
@@ -166,6 +167,8 @@ def child_env(tty: bool) -> dict[str, str]:
     """Environment for launched ranks: unbuffered output, terminal hint for rank 0, and this
     process as their launcher (``EDGEFL_LAUNCHER``: a rank that finds it gone exits)."""
     env = dict(os.environ)
+    # only the launch itself names a payload of objects passed by value (edgefl.shipped)
+    env.pop("EDGEFL_SHIPPED", None)
     env["PYTHONUNBUFFERED"] = "1"
     env["EDGEFL_TTY"] = "1" if tty else "0"
     env[LAUNCHER_ENV] = f"{os.getpid()}:{uuid.uuid4().hex[:12]}"
@@ -191,6 +194,8 @@ def status_text(status: int) -> str:
         return "user error (see the error above)"
     if status == STOPPED:
         return "stopped early (a rank failure, divergence or no progress; see summary.json)"
+    if status == DIVERGED:
+        return "diverged (see the line above and summary.json 'diverged')"
     if status == INTERRUPTED:
         return "interrupted"
     if KILLED < status < KILLED + 65:

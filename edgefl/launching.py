@@ -60,21 +60,25 @@ def banner(cfg: dict, ranks: int, launcher: Any, run_dir: Path) -> str:
     )
 
 
-def launch_mpi(cmd: list[str], run_dir: Path, relay: bool = False) -> int:
+def launch_mpi(
+    cmd: list[str], run_dir: Path, relay: bool = False, env: dict[str, str] | None = None
+) -> int:
     """Run the mpiexec command and return the job's exit status, also left in
     ``run_dir/exit_status`` (rank 0's verdict, else what :class:`edgefl.launcher.Supervisor`
     found: 130 interrupted, 128 + N mpiexec killed by signal N, else mpiexec's status).
     SIGINT, SIGTERM or SIGHUP of this process stop every rank (within ``GRACE_S``); a
     SIGINT then raises KeyboardInterrupt. Prints one last line on stderr when the job did
     not end by itself. ``relay``: copy the ranks' output into this process's
-    ``sys.stdout``/``sys.stderr`` (a notebook) instead of sharing its file descriptors."""
+    ``sys.stdout``/``sys.stderr`` (a notebook) instead of sharing its file descriptors.
+    ``env``: more variables for the ranks' environment (:func:`edgefl.simulate`: where its
+    objects passed by value are, :data:`edgefl.shipped.SHIPPED_ENV`)."""
 
     from .launcher import Supervisor, child_env
     from .runtime.rundir import release_run_dir
 
     status_file = run_dir / "exit_status"
     status_file.unlink(missing_ok=True)
-    sup = Supervisor(child_env(_isatty(sys.stdout)), status_file)
+    sup = Supervisor({**child_env(_isatty(sys.stdout)), **(env or {})}, status_file)
     if relay:
         returncode = _run_relayed(cmd, sup)
     else:

@@ -1,7 +1,7 @@
 """The pre-launch check of ``edgefl simulate`` and :func:`edgefl.simulate`: what would
 otherwise fail only once the job runs, found before anything is written, each as one line.
 
-:func:`check_ranks_can_import` (no ``__main__`` objects for MPI ranks) and :func:`check_cuda`
+:func:`check_ranks_can_import` (no ``__main__`` names for MPI ranks) and :func:`check_cuda`
 are cheap; :func:`preflight` builds the data and the model once (it loads torch). It runs
 in this process (:func:`edgefl.simulate`, the in-process backend), in a child process
 (:func:`preflight_apart`: ``--dry-run``, ``python -m edgefl.preflight --preflight``), or on
@@ -28,13 +28,15 @@ CHECK_CONFIG, CHECK_VERDICT, CHECK_OPEN = "config.pickle", "verdict.json", "open
 
 def check_ranks_can_import(cfg: dict) -> None:
     """Refuse, before any launch, a config naming objects of ``__main__`` (``"__main__:Net"``):
-    MPI ranks are new processes that import ``python -m edgefl``, not the caller's script."""
+    MPI ranks are new processes that import ``python -m edgefl``, not the caller's script.
+    (:func:`edgefl.simulate` passes such objects by value first, :mod:`edgefl.shipped`, so
+    this refuses them only for ``edgefl simulate``.)"""
     for key, spec in main_specs(cfg)[:1]:
         raise ConfigError(
             f"config key '{key}' = {spec!r}: the MPI ranks are new processes that cannot "
             "import your script's __main__; move it into a module file (e.g. mymodels.py, "
-            "then 'mymodels:Name') or run in this process with "
-            'edgefl.simulate(..., backend="inline")'
+            "then 'mymodels:Name'), or pass the object itself to edgefl.simulate() from "
+            "your script or notebook, which ships it to the ranks by value"
         )
 
 

@@ -13,10 +13,16 @@ Pure: no torch, no MPI (the config loader imports it).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 HERE = Path(__file__).resolve().parent
 PREFIX = "recipe:"
@@ -50,9 +56,7 @@ class Recipe:
 
     @property
     def rounds(self) -> int:
-        from ..config.load import read_toml
-
-        return int(read_toml(self.path)["run"]["rounds"])
+        return int(_toml(self.path)["run"]["rounds"])
 
 
 # measured with `edgefl simulate recipe:NAME` (seed 0, portable kernels; the test re-runs
@@ -65,6 +69,10 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("mnist1d-mlp-dirichlet", 0.6070, (0.6150, 24), 8.347),
     Recipe("mnist1d-mlp-iid", 0.6260, (0.6260, 25), 4.762),
 )
+
+
+def _toml(path: Path) -> dict:
+    return tomllib.loads(path.read_text(encoding="utf-8"))
 
 
 def names() -> list[str]:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..config import dump_config
 from ..errors import EdgeflError
+from ..shipped import config_note
 
 RUN_ID_FILE = "run_id"
 LOCK_FILE = ".edgefl-lock"
@@ -72,7 +73,8 @@ def prepare_run_dir(path: Path, cfg: dict, resuming: bool) -> Path:
         claim_run_dir(path)
         if read_run_id(path) is None:
             _write_atomic(path / RUN_ID_FILE, new_run_id() + "\n")
-        _write_atomic(path / "config.toml", dump_config(cfg))
+        # (values naming objects passed by value get a comment saying so: edgefl.shipped)
+        _write_atomic(path / "config.toml", config_note(cfg) + dump_config(cfg))
     except OSError as e:
         raise EdgeflError(f"cannot write run directory '{path}': {e.strerror}") from None
     return path
