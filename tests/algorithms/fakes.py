@@ -162,6 +162,7 @@ class FakeCoordinatorContext(_Common, CoordinatorContext):
         self.control = 0
         self.holdout: float | None = None
         self.refreshed: list[int] = []
+        self.models_sent: list[int] = []
         self.rejected: list[tuple[int, str]] = []
         self.booked: list[tuple[int, int]] = []
         self.events: list[tuple] = []
@@ -244,6 +245,9 @@ class FakeCoordinatorContext(_Common, CoordinatorContext):
     def request_refresh(self, d: int) -> None:
         self.refreshed.append(d)
 
+    def send_model_to(self, rank: int) -> None:
+        self.models_sent.append(rank)
+
     @property
     def control_messages(self) -> int:
         return self.control
@@ -302,6 +306,7 @@ class FakeWorkerContext(_Common, WorkerContext):
         self.holdout: float | None = None
         self.queued: set[int] = set()
         self.versions: dict[int, np.ndarray] = {}
+        self.modules: dict[int, Any] = {}  # device -> its torch module (for global_model)
 
     @property
     def rank(self) -> int:
@@ -343,6 +348,17 @@ class FakeWorkerContext(_Common, WorkerContext):
 
     def queued_versions(self) -> set[int]:
         return set(self.queued)
+
+    def global_model(self, version: int, d: int) -> Any:
+        """``modules[d]`` holding ``versions[version]`` (set both in the test)."""
+        import torch
+
+        if version not in self.versions:
+            raise KeyError(version)
+        module = self.modules[d]
+        flat = torch.as_tensor(np.asarray(self.versions[version], np.float32))
+        torch.nn.utils.vector_to_parameters(flat, module.parameters())
+        return module
 
     def install_model(self, version: int, keys: np.ndarray, values: np.ndarray) -> None:
         base = self.versions[max(self.versions)] if self.versions else None

@@ -11,10 +11,10 @@ from edgefl.errors import ConfigError
 from ..fakes import config
 
 
-def test_the_section_is_evaluation_with_every_holdout_and_metrics():
+def test_the_section_is_evaluation_with_every_holdout_metrics_and_final():
     assert set(SECTIONS) == {"evaluation"}
     table = SECTIONS["evaluation"]
-    assert set(table) == {"every", "holdout", "metrics"}
+    assert set(table) == {"every", "holdout", "metrics", "final"}
     assert all(isinstance(f, Field) and f.doc for f in table.values())
 
 
@@ -27,10 +27,10 @@ def test_federated_evaluation_is_off_by_default():
 
 
 def test_the_effective_config_takes_the_defaults_and_overrides():
-    assert config()["evaluation"] == {"every": 0, "holdout": 0.2, "metrics": []}
+    assert config()["evaluation"] == {"every": 0, "holdout": 0.2, "metrics": [], "final": True}
     cfg = config(None, "evaluation.every=3", "evaluation.holdout=0.5",
-                 'evaluation.metrics=["a.b:c"]')  # fmt: skip
-    assert cfg["evaluation"] == {"every": 3, "holdout": 0.5, "metrics": ["a.b:c"]}
+                 'evaluation.metrics=["a.b:c"]', "evaluation.final=false")  # fmt: skip
+    assert cfg["evaluation"] == {"every": 3, "holdout": 0.5, "metrics": ["a.b:c"], "final": False}
 
 
 @pytest.mark.parametrize(

@@ -191,7 +191,8 @@ def test_the_final_row_lands_the_oldest_waiting_version_and_drops_the_rest():
     co.on_row(r)
     assert r["fed_version"] == 0 and co.pending == {}
     assert co.summary() == {"fed_eval": {"every": 1, "versions_landed": 1,
-                                         "versions_dropped": [1, 2], "last": co.last}}  # fmt: skip
+                                         "versions_dropped": [1, 2], "last": co.last,
+                                         "final": None}}  # fmt: skip
 
 
 def test_a_version_whose_devices_all_ended_without_a_result_is_forgotten():
