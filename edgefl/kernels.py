@@ -13,8 +13,12 @@ and the one the hashes were first recorded on.
 the arithmetic to what any x86-64 CPU with AVX2 has (Intel since 2013, AMD since 2015):
 
 - ``ATEN_CPU_CAPABILITY=avx2``: torch's own vectorised kernels;
-- ``MKL_CBWR=AVX2``: MKL's conditional numerical reproducibility, its AVX2 code path on
-  any CPU (also on AMD, where MKL otherwise takes paths of its own);
+- ``MKL_CBWR=COMPATIBLE``: MKL's conditional numerical reproducibility, the one code path
+  it documents as giving the same results on Intel and non-Intel CPUs alike. (``AVX2``, the
+  path first chosen here, is an Intel-only branch: on an AMD EPYC, torch 2.13.0's MKL
+  2024.2 ignores it and keeps its own ``AUTO`` path, so every golden model differed there.
+  ``COMPATIBLE`` costs matrix products 2-3x, measured: 512x512 sgemm 14.7 ms against 5.3
+  ms on one core; the small models of a federated job spend little time there.)
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN (convolutions) never uses AVX-512 or AMX.
 
 Thread counts are part of the arithmetic too (parallel reductions split by thread): every
@@ -43,7 +47,7 @@ KERNELS_ENV = "EDGEFL_KERNELS"
 _X86 = ("x86_64", "amd64", "i686", "i386")
 PORTABLE_ENV_X86 = {
     "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_CBWR": "AVX2",
+    "MKL_CBWR": "COMPATIBLE",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
 }
 # MKL's code paths (mkl_cbwr.h): what mkl_cbwr_get / mkl_cbwr_get_auto_branch return
@@ -101,12 +105,12 @@ def not_in_effect(mode: str) -> str | None:
     found = _capability()
     want = portable_env()["ATEN_CPU_CAPABILITY"].upper()
     mkl = _mkl_path()
-    if (found not in (want, None) or mkl not in (None, "AVX2")) and _has_avx2():
+    if (found not in (want, None) or mkl not in (None, portable_env()["MKL_CBWR"])) and _has_avx2():
         return (
             f"portable kernels asked for, but torch already runs {found} kernels "
             f"(MKL path {mkl}) in this "
             "process (it chose them before edgefl could pin them: import and run edgefl "
-            f"before any torch computation, or set ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 "
+            f"before any torch computation, or set ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE "
             "before Python starts); this run's model may differ from other machines'"
         )
     if not _has_avx2():

@@ -85,7 +85,7 @@ def test_the_golden_set_is_the_same_under_either_capability(capability, names):
     env = machine_env(ATEN_CPU_CAPABILITY=capability, MKL_CBWR="AUTO")
     got = in_env("portable", env, *names)
     fp = got["fingerprint"]
-    assert (fp["cpu_capability"], fp["mkl_path"]) == ("AVX2", "AVX2"), fp
+    assert (fp["cpu_capability"], fp["mkl_path"]) == ("AVX2", "COMPATIBLE"), fp
     assert sorted(got["models"]) == sorted(names) if names else len(got["models"]) >= 40
     assert mismatches(got) == {}
 
