@@ -1,13 +1,17 @@
-"""``edgefl report``: PNGs from synthetic run directories, task splitting, errors.
+"""``edgefl report``: PNGs from synthetic run directories, task splitting, errors, the
+``--x`` axes, federated evaluation, the Gantt chart's minimum task width, and one real run.
 
-The run directories are written by hand here (no MPI): a few devices over a few rounds, with
-every timeline state, evaluated and unevaluated metric rows and major-update rows.
+Most run directories are written by hand here (no MPI): a few devices over a few rounds, with
+every timeline state, evaluated and unevaluated metric rows, major-update rows and federated
+evaluations. One small FedBuff run on the edge-mix fleet (inline backend, module-scoped) checks
+the figures against what a real run writes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -15,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgefl import report
+from edgefl import report, reportplots
 from edgefl.errors import EdgeflError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -30,10 +34,14 @@ def make_run(
     hist: dict[str, int] | None = None,
     major: bool = False,
     config: str | None = None,
+    fed: bool = False,
 ) -> Path:
     """A BSP-shaped run: device d downloads 0.1 s, computes 0.2·(d+1) s, uploads 0.1 s, then
     waits for the round to end; device 1 is offline 1 s at the start of round 2 (its task
-    starts late) and the last device dies halfway through the last round."""
+    starts late) and the last device dies halfway through the last round. Every row sends
+    1000 uplink bytes per update. With ``fed``, rows 1, 3, 5, ... carry the federated
+    evaluation of versions 0, 2, 4, ...: device d has 10 + d held-out samples and accuracy
+    (d + 1 + version) / 20, except device 0, which reports 0 samples."""
     run = root / name
     run.mkdir(parents=True)
     tl = ["device,state,start_s,end_s"]
@@ -67,7 +75,16 @@ def make_run(
             "updates": devices,
             "train_loss": 2.0 - 0.2 * k,
             "staleness": 0.0,
+            "bytes_up": 1000 * len(ends),
         }
+        if fed and k % 2 == 0:
+            row["fed_version"] = k
+            row["fed_eval"] = {
+                str(d): {"samples": 10 + d if d else 0, "loss": 1.0, "accuracy": (d + 1 + k) / 20}
+                for d in range(devices)
+            }
+            row["fed_loss"] = 1.5 - 0.1 * k
+            row["fed_accuracy"] = 0.5
         if k % 2 == 0 or k == rounds - 1:
             row["test_accuracy"] = 0.1 + 0.15 * k
             row["test_loss"] = 2.0 - 0.3 * k
@@ -117,8 +134,10 @@ def check_png(path: Path) -> tuple[int, int]:
 
 
 # -- the full report -------------------------------------------------------------------------
-def test_report_two_runs_writes_five_valid_pngs(tmp_path, capsys):
-    a = make_run(tmp_path, "run_a", "bsp", major=True, config='[algorithm]\nconsistency="bsp"\n')
+def test_report_two_runs_writes_every_png(tmp_path, capsys):
+    a = make_run(
+        tmp_path, "run_a", "bsp", major=True, fed=True, config='[algorithm]\nconsistency="bsp"\n'
+    )
     b = make_run(
         tmp_path,
         "run_b",
@@ -128,8 +147,9 @@ def test_report_two_runs_writes_five_valid_pngs(tmp_path, capsys):
     )
     out = tmp_path / "plots"
     assert report.main([str(a), str(b), "--out", str(out), "--label", "A", "B"]) == 0
-    printed = capsys.readouterr().out.split()
-    assert printed == [str(out / name) for name in report.PLOTS]
+    got = capsys.readouterr()
+    assert got.out.split() == [str(out / name) for name in report.PLOTS]  # all nine
+    assert got.err == ""  # nothing left out
     sizes = {name: check_png(out / name) for name in report.PLOTS}
     # the Gantt chart grows 0.22 in per device from 3 in, at 110 dpi: 4 devices -> 427 px
     assert abs(sizes["gantt.png"][1] - (3.0 + 0.22 * 4) * 110) <= 1
@@ -141,8 +161,15 @@ def test_report_default_out_large_fleet_caps_devices(tmp_path, capsys):
     a = make_run(tmp_path, "big", "asp", devices=30, rounds=3, hist=hist)
     assert report.main([str(a), "--max-devices", "8", "--xscale", "linear"]) == 0
     out = a / "report"
-    assert capsys.readouterr().out.split() == [str(out / n) for n in report.PLOTS]
-    sizes = {name: check_png(out / name) for name in report.PLOTS}
+    got = capsys.readouterr()
+    # one run: no comparison; no federated evaluation: a note says so
+    want = [n for n in report.PLOTS if n not in ("fed_eval.png", "compare.png")]
+    assert got.out.split() == [str(out / n) for n in want]
+    assert got.err.splitlines() == [
+        "edgefl report: note: fed_eval.png left out: no run has federated evaluation "
+        "(metrics rows with 'fed_eval'; turn it on with evaluation.every, docs/evaluation.md)"
+    ]
+    sizes = {name: check_png(out / name) for name in want}
     # capped at 8 devices: the Gantt chart is sized for 8 rows, not 30
     assert abs(sizes["gantt.png"][1] - (3.0 + 0.22 * 8) * 110) <= 1
 
@@ -170,8 +197,9 @@ def test_add_parser_registers_report_subcommand(tmp_path):
     assert args.func is report.main
     assert args.runs == ["r1", "r2"] and args.labels == ["x", "y"]
     assert args.out is None and args.xscale == "auto" and args.max_devices == 64
-    args = parser.parse_args(["report", "r1", "--label", "x", "y", "--out", "o"])
-    assert args.labels == ["x", "y"] and args.out == "o"
+    assert args.x == "time"
+    args = parser.parse_args(["report", "r1", "--label", "x", "y", "--out", "o", "--x", "bytes"])
+    assert args.labels == ["x", "y"] and args.out == "o" and args.x == "bytes"
 
 
 # -- bad input -------------------------------------------------------------------------------
@@ -200,6 +228,8 @@ BAD_INPUTS = [
     ("timeline.csv", "dev,what\n", "row 1: header"),
     ("timeline.csv", "device,state,start_s,end_s\n0,compute,2.0,1.0\n", "row 2: interval"),
     ("config.toml", "[algorithm\n", "invalid TOML"),
+    ("metrics.jsonl", '{"time_s": 1.0, "fed_version": 0, "fed_eval": [1]}\n', "'fed_eval'"),
+    ("metrics.jsonl", '{"time_s": 1.0, "fed_eval": {"0": {}}}\n', "'fed_version'"),
 ]
 
 
@@ -234,6 +264,21 @@ def test_label_count_and_options_checked(tmp_path):
         report.make_report([a], max_devices=0)
     with pytest.raises(EdgeflError, match="--xscale 'sideways'"):
         report.make_report([a], xscale="sideways")
+    assert not (a / "report").exists()
+
+
+def test_bad_x_value_is_one_line_naming_the_option(tmp_path, capsys):
+    from edgefl import cli
+
+    a = make_run(tmp_path, "run_a")
+    assert cli.main(["report", str(a), "--x", "sideways"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "edgefl: error: --x 'sideways': expected one of time, round, virtual, wall, bytes\n"
+    )
+    assert not (a / "report").exists()
+    with pytest.raises(EdgeflError, match="^--x 'rounds': expected one of"):
+        report.row_x(report.load_run(a), "rounds")
 
 
 # -- labels --------------------------------------------------------------------------------
@@ -336,3 +381,296 @@ def test_auto_xscale_and_staleness_bins():
     assert report.staleness_bin_width([{"0": 1}, {"41": 2}]) == 2  # 42 values -> bins of 2
     assert report.bin_staleness({"0": 5, "3": 2, "2": 1, "41": 1}, 2) == {0: 5, 2: 3, 40: 1}
     assert report.bin_staleness({"0": 5, "3": 0}, 1) == {0: 5}
+
+
+# -- the x axes -------------------------------------------------------------------------------
+def test_row_x_each_axis_and_missing_ones(tmp_path):
+    run = report.load_run(make_run(tmp_path, "r", rounds=4))
+    times = [r["time_s"] for r in run.metrics]
+    assert report.row_x(run, "time") == (times, "")
+    assert report.row_x(run, "virtual") == (times, "")  # summary.json: clock = virtual
+    assert report.row_x(run, "round") == ([1.0, 2.0, 3.0, 4.0], "")
+    assert report.row_x(run, "wall") == ([0.01, 0.02, 0.03, 0.04], "")
+    # bytes: cumulative; the last round has one device dead, so 3 updates of 1000 bytes
+    assert report.row_x(run, "bytes") == ([4000.0, 8000.0, 12000.0, 15000.0], "")
+    run.summary["clock"] = "wall"  # an edgefl run: time_s is wall time, no virtual time
+    assert report.row_x(run, "wall") == (times, "")
+    xs, why = report.row_x(run, "virtual")
+    assert xs is None and "wall clock" in why
+    for r in run.metrics:
+        del r["bytes_up"]
+    assert report.row_x(run, "bytes") == (None, "its metrics rows have no 'bytes_up'")
+    axis = report.x_axis([run], "bytes")
+    assert axis.values == [None] and axis.label.startswith("uplink traffic, cumulative (bytes")
+    assert axis.version_x(0, run) == {}
+
+
+def test_x_axis_scale_labels_and_version_positions(tmp_path):
+    a = report.load_run(make_run(tmp_path, "a", rounds=3))
+    b = report.load_run(make_run(tmp_path, "b", rounds=80))
+    axis = report.x_axis([a, b], "round")
+    assert axis.scale == "log" and axis.label == "model version (round)"  # 3 vs 80 rounds
+    assert report.x_axis([a, b], "round", "linear").scale == "linear"
+    assert report.x_axis([a], "time").label == "time (s, virtual clock)"
+    assert report.x_axis([a], "virtual").label == "virtual time (s, simulated clock)"
+    assert report.x_axis([a], "wall").label == "wall-clock time (s, real seconds the run took)"
+    t = report.x_axis([a], "time")
+    assert t.version_x(0, a) == {0: 0.0, **{r["round"]: r["time_s"] for r in a.metrics}}
+
+
+def test_accuracy_vs_bytes_uses_cumulative_uplink_bytes(tmp_path):
+    new_figure = report.require_matplotlib()
+    run = report.load_run(make_run(tmp_path, "r", rounds=5))
+    axis = report.x_axis([run], "bytes", "linear")
+    fig = reportplots.plot_accuracy(new_figure, [run], axis, "Test accuracy vs uplink traffic")
+    ax = fig.axes[0]
+    assert ax.get_xlabel().startswith("uplink traffic, cumulative (bytes")
+    assert ax.get_title() == "Test accuracy vs uplink traffic"
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [4000, 12000, 19000]  # rounds 1, 3, 5 (5: one dead)
+    assert ax.xaxis.get_major_formatter().format_data(2e6).replace("\u2009", " ") == "2 MB"
+
+
+# -- federated evaluation ---------------------------------------------------------------------
+def test_fed_evals_and_latest_per_device(tmp_path):
+    run = report.load_run(make_run(tmp_path, "r", devices=3, rounds=5, fed=True))
+    evals = report.fed_evals(run)
+    assert [(e.version, e.row) for e in evals] == [(0, 0), (2, 2), (4, 4)]
+    # device 0 reports 0 held-out samples: left out, as the fedeval means leave it out
+    assert evals[1].accuracy == {1: 4 / 20, 2: 5 / 20} and evals[1].samples == {1: 11, 2: 12}
+    assert evals[1].mean == 0.5
+    assert report.latest_per_device(evals) == {1: (4, 6 / 20, 11), 2: (4, 7 / 20, 12)}
+    # asynchronous: only the devices that started from a version report it
+    run.metrics[4]["fed_eval"] = {"1": {"samples": 5, "loss": 1.0, "accuracy": 0.9}}
+    latest = report.latest_per_device(report.fed_evals(run))
+    assert latest == {1: (4, 0.9, 5), 2: (2, 5 / 20, 12)}
+
+
+def test_fed_eval_figure_draws_the_devices_and_the_spread(tmp_path):
+    new_figure = report.require_matplotlib()
+    run = report.load_run(make_run(tmp_path, "r", devices=5, rounds=5, fed=True))
+    axis = report.x_axis([run], "round", "linear")
+    fig = reportplots.plot_fed_eval(new_figure, run, axis, 0)
+    left, right = fig.axes
+    heights = [p.get_height() for p in left.patches]
+    assert heights == pytest.approx([100 * (d + 5) / 20 for d in range(1, 5)])  # version 4
+    assert [t.get_text() for t in left.get_xticklabels()] == ["1", "2", "3", "4"]
+    assert "last evaluation (version 4)" in left.get_title()
+    # weighted mean of version 4: weights 11..14 on accuracies 6/20..9/20
+    mean = 100 * sum((10 + d) * (d + 5) / 20 for d in range(1, 5)) / sum(range(11, 15))
+    assert f"{mean:.1f}%" in left.get_title()
+    median = next(ln for ln in right.get_lines() if ln.get_label() == "median device")
+    # versions 0, 2, 4 sit at x 0, 2, 4 (the rows that made them); medians of devices 1..4
+    assert list(median.get_xdata()) == [0, 2, 4]
+    assert list(median.get_ydata()) == pytest.approx([100 * (2.5 + 1 + k) / 20 for k in (0, 2, 4)])
+    assert right.get_xlabel() == "model version (round)"
+    assert "3 evaluations (4 devices each)" in right.get_title()
+
+
+# -- Gantt: the minimum task width ------------------------------------------------------------
+def test_busy_blocks_split_tasks_and_gantt_bars_widen_short_ones():
+    rows = [
+        (0, "download", 0.0, 0.0005),
+        (0, "compute", 0.0005, 0.0025),
+        (0, "upload", 0.0025, 0.003),  # task 1: 3 ms, mostly compute
+        (0, "download", 0.003, 1.0),  # task 2 right after: ~1 s
+        (0, "compute", 1.0, 2.0),
+        (0, "upload", 2.0, 2.5),
+        (0, "waiting", 2.5, 3.0),
+        (0, "compute", 3.0, 3.004),  # local iterations: 2 tasks of 4 ms, the second cut off
+        (0, "compute", 3.004, 3.008),
+        (1, "offline", 0.0, 5.0),
+    ]
+    blocks = report.busy_blocks(rows)
+    assert [[s for s, _, _ in b] for b in blocks[0]] == [
+        ["download", "compute", "upload"],
+        ["download", "compute", "upload"],
+        ["compute"],
+        ["compute"],
+    ]
+    assert blocks[1] == []
+    bars = report.gantt_bars(rows, min_width_s=0.05)
+    assert (bars.tasks, bars.widened, bars.min_width_s) == (4, 3, 0.05)
+    assert bars.spans[(0, "download")] == [(0.003, 0.997)]  # the 1 s task as it is
+    # the 3 ms task: drawn as one 0.05 s bar from its start, in its longest state's colour
+    assert sorted(bars.spans[(0, "compute")]) == [
+        (0.0, 0.05),
+        (1.0, 1.0),
+        (3.0, 0.05),
+        (3.004, 0.05),
+    ]
+    assert bars.spans[(1, "offline")] == [(0.0, 5.0)]
+    assert report.gantt_bars(rows, [1], 0.05).tasks == 0
+
+
+def _add_short_tasks(run: Path, n: int, device: int = 0, length: float = 1e-4) -> None:
+    """Append ``n`` tasks of ``length`` s to ``device``'s timeline, 0.2 s apart from t = 0.5
+    s of the dead device's round (none of the existing intervals is that short)."""
+    lines = (run / "timeline.csv").read_text().splitlines()
+    t0 = max(float(x.split(",")[3]) for x in lines[1:]) + 1.0
+    for i in range(n):
+        a = t0 + 0.2 * i
+        lines += [f"{device},download,{a!r},{a + length / 2!r}"]
+        lines += [f"{device},upload,{a + length / 2!r},{a + length!r}"]
+    (run / "timeline.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_gantt_note_counts_the_widened_tasks(tmp_path):
+    new_figure = report.require_matplotlib()
+    path = make_run(tmp_path, "r", devices=4, rounds=3)
+    _add_short_tasks(path, 7)
+    run = report.load_run(path, timeline=True)
+    fig = reportplots.plot_gantt(new_figure, run)
+    ax = fig.axes[0]
+    bars = ax.gantt
+    # 4 devices x 3 rounds, the last device dead in the last round: 11 tasks, plus the 7
+    assert (bars.tasks, bars.widened) == (18, 7)
+    # the minimum is 2 pixels of the saved PNG
+    px = ax.bbox.width / (ax.get_xlim()[1] - ax.get_xlim()[0])
+    assert bars.min_width_s * px == pytest.approx(report.MIN_TASK_PX, rel=0.02)
+    assert f"\n7 of 18 tasks are shorter than {report.MIN_TASK_PX:g} px" in ax.get_title()
+    widths = [w for (_, s), spans in bars.spans.items() if s != "waiting" for _, w in spans]
+    assert min(widths) == pytest.approx(bars.min_width_s)
+    run.timeline = [r for r in run.timeline if r[3] - r[2] > 0.01]  # without them: no note
+    title = reportplots.plot_gantt(new_figure, run).axes[0].get_title()
+    assert "shorter than" not in title and title == "Per-device timeline: bsp (r)"
+
+
+# -- idle fraction labels, staleness, comparison ----------------------------------------------
+EDGE_MIX = 'seed = 3\n[fleet]\ndevices = 4\n[sim]\nprofiles = "edge-mix"\n'
+
+
+def test_idle_bars_are_labelled_with_the_profile_names(tmp_path):
+    from edgefl.sim.profiles import load_fleet
+
+    new_figure = report.require_matplotlib()
+    run = report.load_run(make_run(tmp_path, "r", config=EDGE_MIX), timeline=True)
+    names = [p.name for p in load_fleet("edge-mix", 4, 3)]
+    want = [f"{d} {n}" for d, n in enumerate(names)]
+    gantt = reportplots.plot_gantt(new_figure, run).axes[0]
+    assert [t.get_text() for t in gantt.get_yticklabels()] == want
+    idle = reportplots.plot_idle(new_figure, [run]).axes[0]
+    assert [t.get_text() for t in idle.get_xticklabels()] == want
+    other = report.load_run(make_run(tmp_path, "q", config=EDGE_MIX.replace("3", "4", 1)))
+    mixed = reportplots.idle_device_labels([run, other], range(4))
+    # where the two fleets disagree on a device's profile, only its id is shown
+    assert mixed == [
+        w if other.profile_names[d] == names[d] else str(d) for d, w in enumerate(want)
+    ]
+
+
+def test_staleness_ticks_are_integers_and_the_legend_is_off_the_bars(tmp_path):
+    new_figure = report.require_matplotlib()
+    runs = [
+        report.load_run(make_run(tmp_path, "a", "bsp", hist={"0": 20})),
+        report.load_run(make_run(tmp_path, "b", "asp", hist={"0": 5, "1": 9, "2": 4, "5": 2})),
+    ]
+    fig = reportplots.plot_staleness(new_figure, runs)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    legend = ax.get_legend().get_window_extent()
+    assert legend.y1 < ax.get_window_extent().y0  # below the axes, not over the bars
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert texts == ["bsp (a): 20 updates, mean 0.0, max 0", "asp (b): 20 updates, mean 1.4, max 5"]
+
+
+def test_compare_legend_holds_the_run_directory_names(tmp_path):
+    new_figure = report.require_matplotlib()
+    names = ["exp_bsp", "exp_fedbuff", "exp_asp"]
+    runs = [
+        report.load_run(make_run(tmp_path, n, "bsp", rounds=3 + i)) for i, n in enumerate(names)
+    ]
+    axis = report.x_axis(runs, "time")
+    fig = reportplots.plot_compare(new_figure, runs, axis, report.x_axis(runs, "bytes"))
+    (legend,) = fig.legends
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert [t.split(": final")[0] for t in texts] == [f"bsp ({n})" for n in names]
+    assert [ax.get_xlabel() for ax in fig.axes] == [
+        "time (s, virtual clock)",
+        "time (s, virtual clock)",
+        "uplink traffic, cumulative (bytes; 1 MB = 10^6 B)",
+        "time (s, virtual clock)",
+    ]
+    assert len(fig.axes[0].get_lines()) == 3
+
+
+# -- a real run ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bsp_run(tmp_path_factory) -> Path:
+    """A small BSP run on 10 edge-mix devices (edge server to microcontroller: tasks 500x
+    apart, so the fast ones are narrower than a pixel) with federated evaluation every
+    version; inline backend, no MPI, about 1 s after the imports."""
+    from edgefl.api import simulate
+
+    out = tmp_path_factory.mktemp("report") / "bsp"
+    overrides = {
+        "fleet.devices": 10,
+        "sim.profiles": "edge-mix",
+        "run.rounds": 3,
+        "run.checkpoint_every": 0,
+        "evaluation.every": 1,
+        "model.args.hidden": [8],
+    }
+    simulate(overrides=overrides, out=out, backend="inline")
+    return out
+
+
+def test_real_bsp_run_report(bsp_run, tmp_path):
+    rep = report.build_report([bsp_run], out=tmp_path, x="round")
+    # BSP: no staleness, so no histogram, and a note saying so; one run: no comparison
+    want = [n for n in report.PLOTS if n not in ("staleness_hist.png", "compare.png")]
+    assert [p.name for p in rep.paths] == want
+    assert [n.split(":")[0] for n in rep.notes] == ["staleness_hist.png left out"]
+    for p in rep.paths:
+        check_png(p)
+    rows = [json.loads(line) for line in (bsp_run / "metrics.jsonl").read_text().splitlines()]
+    cum, evaluated = 0, []
+    for r in rows:
+        cum += r["bytes_up"]
+        if r.get("test_accuracy") is not None:
+            evaluated.append((r["round"], cum, 100 * r["test_accuracy"]))
+    ax = rep.figures["accuracy.png"].axes[0]
+    assert ax.get_xlabel() == "model version (round)"
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [e[0] for e in evaluated]
+    assert list(line.get_ydata()) == pytest.approx([e[2] for e in evaluated])
+    ax = rep.figures["accuracy_vs_bytes.png"].axes[0]
+    assert ax.get_xlabel().startswith("uplink traffic, cumulative (bytes")
+    assert list(ax.get_lines()[0].get_xdata()) == [e[1] for e in evaluated]
+    loss = rep.figures["loss.png"].axes[0]
+    assert [ln.get_linestyle() for ln in loss.get_lines()] == ["--", "-", ":"]
+
+    # the Gantt note's count equals the timeline's tasks (each from a download) under the
+    # minimum width
+    gantt = rep.figures["gantt.png"].axes[0]
+    timeline = report.read_timeline(bsp_run / "timeline.csv")
+    spans: list[list[float]] = []
+    for d in sorted({r[0] for r in timeline}):
+        busy = sorted((a, b, s) for dd, s, a, b in timeline if dd == d and s != "waiting")
+        for a, b, s in busy:
+            if s == "download" or not spans or spans[-1][0] != d:
+                spans.append([d, a, b])
+            spans[-1][2] = b
+    narrow = sum(1 for _, a, b in spans if b - a < gantt.gantt.min_width_s)
+    assert narrow > 0 and gantt.gantt.tasks == len(spans) == 30
+    assert f"\n{narrow} of 30 tasks are shorter than 2 px" in gantt.get_title()
+
+    # devices labelled "<id> <profile>" alike in the Gantt chart and the idle bars
+    gantt_labels = [t.get_text() for t in gantt.get_yticklabels()]
+    assert "3 edge-server" in gantt_labels and len(gantt_labels) == 10
+    idle = rep.figures["idle_fraction.png"].axes[0]
+    assert [t.get_text() for t in idle.get_xticklabels()] == gantt_labels
+
+    # federated evaluation: every device at the final model (summary.json), sorted; the
+    # spread over versions 0, 1, 2 (rows 1, 2, 3) and 3 (the final model)
+    left, right = rep.figures["fed_eval.png"].axes
+    final = json.loads((bsp_run / "summary.json").read_text())["fed_eval"]["final"]
+    accs = sorted(100 * e["accuracy"] for e in final["devices"].values() if e["samples"])
+    assert len(accs) == 10 and [p.get_height() for p in left.patches] == pytest.approx(accs)
+    assert "Each device at the final model (version 3)" in left.get_title()
+    assert right.get_xlabel() == "model version (round)"
+    median = next(ln for ln in right.get_lines() if ln.get_label() == "median device")
+    assert list(median.get_xdata()) == [0, 1, 2, 3]
+    assert median.get_ydata()[-1] == pytest.approx(statistics.median(accs))
