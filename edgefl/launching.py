@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from .config.ranks import rank_reason
 from .errors import EdgeflError
 from .preflight import CHECK_CONFIG, CHECK_OPEN, CHECK_VERDICT, PreflightFailed, preflight
 
@@ -51,12 +52,14 @@ def mpi_command(launcher: Any, ranks: int, run_dir: Path, resume: str | None = N
 
 
 def banner(cfg: dict, ranks: int, launcher: Any, run_dir: Path) -> str:
-    """The line ``edgefl simulate`` prints before launching."""
+    """The line ``edgefl simulate`` prints before launching: the fleet, the MPI and why the
+    job has these ranks (:func:`edgefl.config.ranks.rank_reason`)."""
     servers = cfg["ps"]["servers"]
     return (
         f"edgefl simulate: {cfg['fleet']['devices']} devices on {ranks - 1 - servers} worker "
         f"ranks + {f'{servers} server shards + ' if servers else ''}coordinator "
-        f"({launcher.flavor} {launcher.version}), run directory {run_dir}"
+        f"({launcher.flavor} {launcher.version}, {rank_reason(cfg, ranks)}), "
+        f"run directory {run_dir}"
     )
 
 

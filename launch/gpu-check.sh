@@ -9,8 +9,14 @@
 # 3. one job mixing a CUDA worker and CPU workers (device 0 on cuda:0, the others on cpu),
 #    the same job all on CPU, and the model hashes of both compared (equal only where the
 #    arithmetic allows: float32 sums on a GPU are ordered differently, so the script also
-#    prints the largest difference between the two final models).
+#    prints the largest difference between the two final models);
+# 4. the vectorized path (train.vectorize = "on") on CUDA: 1,000 devices of the CNN on digits
+#    on one worker rank, on cuda:0 and on cpu, in-process (--backend inline: the worker's
+#    training is the same code as under MPI); the time of each, the tasks trained stacked,
+#    the final accuracies and the largest absolute and relative difference between the
+#    two final models.
 #
+# GPU_CHECK_STEPS="1 4" runs only those steps (default "1 2 3 4"; step 1 always runs).
 # GPU_CHECK_DEVICE=cpu runs every step with "cpu" in place of "cuda" (a dry run of the script
 # on a machine without a GPU; it measures nothing about GPUs).
 #
@@ -57,9 +63,14 @@ then
   exit 3
 fi
 
+steps=" ${GPU_CHECK_STEPS:-1 2 3 4} "
+
+if [[ $steps == *" 2 "* ]]; then
 echo "== 2. host staging: edgefl push from a CUDA worker vs raw mpi4py"
 "$edgefl" bench staging --device "$dev" --json "$out/staging.json"
+fi
 
+if [[ $steps == *" 3 "* ]]; then
 echo "== 3. a CUDA worker among CPU workers, and the same job on CPU only"
 job=(--set fleet.devices=4 --set fleet.ranks=3 --set run.rounds=10 --set model.name=logreg
      --set output.progress=quiet --set run.checkpoint_every=0)
@@ -86,4 +97,41 @@ diff = max(
 same = s["mixed"]["model_sha256"] == s["cpu"]["model_sha256"]
 print(f"model hash equal: {'yes' if same else 'no'}; largest parameter difference {diff:.3g}")
 EOF
+fi
+
+if [[ $steps == *" 4 "* ]]; then
+echo "== 4. vectorized local training: 1,000 CNN devices on one worker, $dev vs cpu"
+vjob=(recipe:digits-cnn-iid --backend inline --devices 1000 --rounds 3 --set fleet.ranks=2
+      --set 'train.vectorize="on"' --set output.progress=quiet --set run.checkpoint_every=0)
+rm -rf "$out/vec-$dev" "$out/vec-cpu"
+"$edgefl" simulate --out "$out/vec-$dev" "${vjob[@]}" --set "fleet.device=\"$dev\""
+if [[ $dev != cpu ]]; then
+  "$edgefl" simulate --out "$out/vec-cpu" "${vjob[@]}" --set 'fleet.device="cpu"'
+fi
+"$python" - "$out" "$dev" <<'EOF'
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+out, dev = Path(sys.argv[1]), sys.argv[2]
+runs = {k: out / f"vec-{k}" for k in dict.fromkeys((dev, "cpu"))}
+s = {k: json.loads((p / "summary.json").read_text()) for k, p in runs.items()}
+for k, v in s.items():
+    print(f"{k}: {v['wall_time_s']:.2f} s of rounds, {v['stacked_tasks']} tasks stacked, "
+          f"final accuracy {v['final_accuracy']:.4f}, model_sha256 {v['model_sha256'][:16]}")
+m = {k: torch.load(p / "final_model.pt", map_location="cpu") for k, p in runs.items()}
+a, b = m[dev], m["cpu"]
+absd = max((a[n].float() - b[n].float()).abs().max().item() for n in b)
+reld = max(
+    ((a[n].float() - b[n].float()).abs().max() / b[n].float().abs().max().clamp_min(1e-30)).item()
+    for n in b
+)
+print(f"{dev} vs cpu: largest parameter difference {absd:.3g} "
+      f"(relative to the tensor's largest |value|: {reld:.3g})")
+if dev != "cpu":
+    print(f"time of the rounds, cpu / {dev}: {s['cpu']['wall_time_s'] / s[dev]['wall_time_s']:.2f}x")
+EOF
+fi
 echo "gpu-check.sh: done; results in $out"

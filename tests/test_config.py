@@ -519,3 +519,22 @@ def test_ranks_auto_fits_the_cores_and_the_devices():
     assert rank_count(cfg) == 1 + min(8, usable_cores())
     with pytest.raises(ConfigError, match='expected an integer or "auto"'):
         load_config(None, ["fleet.ranks=many"])
+
+
+def test_the_banner_says_why_the_job_has_its_ranks():
+    """The launch banner's reason: auto (one per core), a number, the device cap, and a
+    warning when the worker processes are more than the cores."""
+    from edgefl.config.ranks import rank_count, rank_reason
+
+    def why(sets, cores):
+        cfg = load_config(None, sets)
+        return rank_reason(cfg, rank_count(cfg, cores=cores), cores=cores)
+
+    assert why([], 2) == "one worker rank per core"
+    assert why([], 16) == "one worker rank per core, at most one per device"
+    assert why(["fleet.ranks=3"], 2) == "fleet.ranks = 3"
+    assert why(["fleet.ranks=12"], 64) == "fleet.ranks = 12, at most one per device"
+    assert why(["fleet.ranks=5"], 2) == (
+        "fleet.ranks = 5; 4 worker processes on 2 cores: oversubscribed, slower rounds"
+        " (fewer fleet.ranks, or --backend inline)"
+    )

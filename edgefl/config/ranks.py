@@ -28,3 +28,25 @@ def rank_count(cfg: dict, cores: int | None = None) -> int:
     if ranks == "auto":
         ranks = 1 + servers + (usable_cores() if cores is None else max(1, cores))
     return min(ranks, fleet["devices"] + 1 + servers)
+
+
+def rank_reason(cfg: dict, ranks: int, cores: int | None = None) -> str:
+    """Why the job has the worker ranks it has, for the launch banner: ``"one worker rank
+    per core"`` (``fleet.ranks = "auto"``) or ``"fleet.ranks = N"``, ``"at most one per
+    device"`` when the device count capped it, and a warning when the worker ranks are more
+    than the usable cores (each is a process of its own: oversubscribed, every round is
+    slower)."""
+    fleet, servers = cfg["fleet"], cfg["ps"]["servers"]
+    cores = usable_cores() if cores is None else max(1, cores)
+    asked = fleet["ranks"]
+    why = "one worker rank per core" if asked == "auto" else f"fleet.ranks = {asked}"
+    wanted = 1 + servers + cores if asked == "auto" else asked
+    if ranks < wanted:
+        why += ", at most one per device"
+    workers = ranks - 1 - servers
+    if workers > cores:
+        why += (
+            f"; {workers} worker processes on {cores} cores: oversubscribed, slower rounds"
+            " (fewer fleet.ranks, or --backend inline)"
+        )
+    return why
