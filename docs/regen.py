@@ -199,24 +199,31 @@ class Scratch:
         bin_dir = str(Path(sys.executable).parent)
         self.env.update(PATH=bin_dir + os.pathsep + self.env.get("PATH", ""), PYTHONUNBUFFERED="1")
 
-    def run(self, command: str) -> str:
-        """The output of ``command`` (stdout and stderr), paths shown as on the page."""
+    def execute(self, command: str, timeout: float = 3600, bash: tuple = ()) -> tuple[int, str]:
+        """Run ``command`` under ``bash BASH... -c``: its exit status and its output (stdout
+        and stderr), paths shown as on the page. A launch that Open MPI itself failed to
+        start (LAUNCH_FLAKE) is run again, at most twice."""
         command = command.replace("/tmp/", f"{self.dir}/tmp/")
         for _ in range(3):
             proc = subprocess.run(
-                ["bash", "-c", command],
+                ["bash", *bash, "-c", command],
                 cwd=self.dir,
                 env=self.env,
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                timeout=3600,
+                timeout=timeout,
             )
             if LAUNCH_FLAKE not in proc.stdout:
                 break
         out = proc.stdout.replace(f"{self.dir}/tmp/", "/tmp/").replace(f"{self.dir}/", "")
         out = out.replace(sys.prefix, VENV_SHOWN).replace(f"{REPO}/", "")
-        return "\n".join(line.rstrip() for line in out.strip("\n").split("\n"))
+        return proc.returncode, "\n".join(line.rstrip() for line in out.strip("\n").split("\n"))
+
+    def run(self, command: str) -> str:
+        """The output of ``command`` (stdout and stderr), paths shown as on the page."""
+        return self.execute(command)[1]
 
 
 def render(step: Step, scratch: Scratch) -> str:

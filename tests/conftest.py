@@ -28,6 +28,19 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
+def load_docs_regen():
+    """docs/regen.py as a module (it is a script, not part of the package), loaded once."""
+    import importlib.util
+
+    if "docs_regen" in sys.modules:
+        return sys.modules["docs_regen"]
+    spec = importlib.util.spec_from_file_location("docs_regen", ROOT / "docs" / "regen.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def _launcher():
     from edgefl.errors import EdgeflError
     from edgefl.launcher import find_mpiexec
@@ -182,12 +195,14 @@ def pytest_xdist_auto_num_workers(config):
 # they are handed out first, so the short files fill in at the end instead of one long
 # file running alone while the other processes are done. Order inside a file is kept.
 LONGEST_FIRST = (
+    "test_docs_blocks.py",
     "fault/test_stops.py",
     "fault/test_job_failures.py",
     "test_ps_shards.py",
     "test_resume_mpi.py",
     "test_ps_pull.py",
     "fault/test_blame.py",
+    "test_recipes.py",
     "test_job.py",
     "test_rundir.py",
     "fault/test_rehost.py",

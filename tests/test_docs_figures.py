@@ -10,13 +10,12 @@ regenerate the page: ``python docs/regen.py docs/quickstart.md``.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_docs_regen
 
 import edgefl
 
@@ -24,15 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "quickstart.md"
 
 
-def _load_regen():
-    spec = importlib.util.spec_from_file_location("docs_regen", ROOT / "docs" / "regen.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
-
-
-regen = _load_regen()
+regen = load_docs_regen()
 
 # the lines the coordinator prints, which an inline run prints too (edgefl simulate adds its
 # banner, the mpiexec side, before them)

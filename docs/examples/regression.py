@@ -33,7 +33,7 @@ def houses(num_devices: int, seed: int, features: int = 8, per_device: int = 100
 
 def huber(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The loss: Huber (smooth L1), mean over the batch; tensor ops only (vmap-safe)."""
-    return F.smooth_l1_loss(output, target)
+    return F.smooth_l1_loss(output, target)  # mean over the batch
 
 
 class ClippedClient:
@@ -46,16 +46,16 @@ class ClippedClient:
             dataset, batch_size=task.batch_size or len(dataset), shuffle=True,
             generator=ctx.generator,
         )  # fmt: skip
-        opt = ctx.make_optimizer(model.parameters(), task.lr)
+        opt = ctx.make_optimizer(model.parameters(), task.lr)  # train.optimizer = "adam"
         seen, loss_sum, err_sum = 0, 0.0, 0.0
         for _ in range(task.epochs):
             for x, y in loader:
                 x, y = x.to(ctx.torch_device), y.to(ctx.torch_device)
                 opt.zero_grad()
                 out = model(x)
-                loss = ctx.objective(model, out, y)
+                loss = ctx.objective(model, out, y)  # train.loss + penalties
                 loss.backward()
-                ctx.before_step(model)
+                ctx.before_step(model)  # plugins' corrections
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 seen += len(y)
