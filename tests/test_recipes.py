@@ -4,6 +4,8 @@ what docs/real-data.md prints), and ``recipe:NAME`` works wherever a config file
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import edgefl
@@ -37,8 +39,14 @@ def test_the_recipes_command(edgefl_cli):
     assert bad.returncode == 2 and bad.stderr.startswith("edgefl: error: no recipe 'nope'")
 
 
+def _param(r: recipes.Recipe):
+    heavy = r.heavy and os.environ.get("EDGEFL_SLOW") != "1"
+    why = f"recipe:{r.name} takes a minute or more of CPU: EDGEFL_SLOW=1 runs it"
+    return pytest.param(r, id=r.name, marks=[pytest.mark.skip(reason=why)] if heavy else [])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", recipes.RECIPES, ids=lambda r: r.name)
+@pytest.mark.parametrize("recipe", [_param(r) for r in recipes.RECIPES])
 def test_the_recipe_reaches_its_accuracy(recipe, tmp_path):
     r = edgefl.simulate(
         f"recipe:{recipe.name}", overrides={"output.progress": "quiet"}, out=tmp_path / "run",

@@ -2,7 +2,7 @@
 
 Entry point: :func:`load_federated` (``source``, ``args``, ``num_devices``, ``seed``).
 Built-in sources: ``"synthetic"`` (LEAF synthetic(alpha, beta)), ``"partition"`` (split a
-centralized dataset: a Gaussian mixture, or the real ``digits`` / ``mnist1d`` of
+centralized dataset: a Gaussian mixture, or the real ``digits`` / ``mnist1d`` / ``mnist`` of
 :mod:`edgefl.data.real`), ``"fedh5"`` (TFF-layout federated HDF5 files), ``"text"`` (generated
 character corpus for language modelling), and plug-ins ``"package.module:function"``.
 See ``datasets/README.md``. No MPI here: a rank builds only the devices it asks for.

