@@ -209,6 +209,29 @@ def test_mnist1d_generation_is_deterministic(monkeypatch):
     assert not np.array_equal(x1, x3)
 
 
+def test_mnist1d_built_by_threads_at_once_is_the_serial_build(monkeypatch):
+    """The in-process backend's ranks are threads: several asking at once get the one
+    serial build (the package draws from numpy's global generator)."""
+    import threading
+
+    monkeypatch.setattr(real_mod, "_CACHE", {})
+    want = real_mod.load_mnist1d_arrays(num_samples=400)
+    monkeypatch.setattr(real_mod, "_CACHE", {})
+    got: list = []
+    threads = [
+        threading.Thread(target=lambda: got.append(real_mod.load_mnist1d_arrays(num_samples=400)))
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 3
+    for x, y in got:
+        np.testing.assert_array_equal(x, want[0])
+        np.testing.assert_array_equal(y, want[1])
+
+
 def test_mnist1d_fast_interpolation_is_the_packages_bit_for_bit(monkeypatch):
     """edgefl generates MNIST-1D with its own ``interpolate`` in place of the package's
     (scipy interp1d per call): the same float64 signals, and the package's own function is
