@@ -15,7 +15,7 @@ from edgefl.config import dump_config, load_config
 from edgefl.data import load_federated
 
 
-@pytest.mark.parametrize("dataset,train", [("digits", 1438), ("mnist1d", 4000)])
+@pytest.mark.parametrize("dataset,train", [("digits", 1438), ("mnist1d", 4000), ("mnist", 4000)])
 def test_real_data_sets_select_the_partition_source(dataset: str, train: int):
     sets = real_data_sets(dataset)
     cfg = load_config(overrides=[*sets, "fleet.devices=6"])
@@ -23,6 +23,24 @@ def test_real_data_sets_select_the_partition_source(dataset: str, train: int):
     assert cfg["data"]["args"] == {"dataset": dataset, "scheme": "iid"}
     fd = load_federated("partition", cfg["data"]["args"], 6, 0)
     assert sum(len(fd.train(k)) for k in range(6)) == train
+
+
+def test_real_data_sets_with_a_sample_count_generate_that_many_mnist1d_examples():
+    sets = real_data_sets("mnist1d", samples=1000)
+    cfg = load_config(overrides=[*sets, "fleet.devices=4"])
+    assert cfg["data"]["args"]["dataset_args"] == {"num_samples": 1000}
+    fd = load_federated("partition", cfg["data"]["args"], 4, 0)
+    assert sum(len(fd.train(k)) for k in range(4)) == 800
+    assert real_data_sets("digits", samples=1000) == real_data_sets("digits")  # (mnist1d only)
+
+
+def test_the_hermes_bench_takes_every_real_dataset_and_a_sample_count():
+    p = argparse.ArgumentParser()
+    hermes.add_args(p)
+    for data in ("digits", "mnist1d", "mnist"):
+        assert p.parse_args(["--data", data]).data == data
+        assert data in hermes.REAL
+    assert p.parse_args(["--data", "mnist1d", "--samples", "60000"]).samples == 60000
 
 
 def test_real_data_sets_missing_extra_is_one_line(monkeypatch):

@@ -121,21 +121,27 @@ def add_data_arg(p, choices: tuple[str, ...] = DATA_CHOICES, default: str = "syn
     )
 
 
-def real_data_sets(dataset: str, scheme: str = "iid") -> list[str]:
+def real_data_sets(dataset: str, scheme: str = "iid", samples: int | None = None) -> list[str]:
     """``--set`` overrides selecting a real dataset of the ``partition`` source.
 
     Replaces the whole ``data.args`` table (the default synthetic source's arguments mean
-    nothing to ``partition``). Fails with one line before anything launches when the
-    extra ``edgefl[real]`` is missing.
+    nothing to ``partition``). ``samples``: MNIST-1D's ``num_samples`` (generated
+    examples, train and test together). Fails with one line before anything launches when
+    the extra ``edgefl[real]`` is missing.
     """
-    from ..data.real import load_digits_arrays, load_mnist1d_arrays
+    from ..data.real import load_real
     from ..errors import DataError
 
+    extra = {"num_samples": int(samples)} if samples and dataset == "mnist1d" else {}
     try:
-        (load_digits_arrays if dataset == "digits" else load_mnist1d_arrays)()
+        load_real(dataset, extra)
     except DataError as e:
         raise SystemExit(f"edgefl: error: {e}") from None
-    return ["data.source=partition", f'data.args={{dataset = "{dataset}", scheme = "{scheme}"}}']
+    inner = f", dataset_args = {{num_samples = {int(samples)}}}" if extra else ""
+    return [
+        "data.source=partition",
+        f'data.args={{dataset = "{dataset}", scheme = "{scheme}"{inner}}}',
+    ]
 
 
 def paper_line(text: str) -> None:

@@ -43,7 +43,15 @@ DATA = ["data.args.samples_mean_log=7.0", "data.args.samples_sigma=0.2"]
 # about 99% in 40 rounds (the paper's BSP reaches 98.07% on MNIST)
 DIGITS = ["model.name=cnn", "train.lr=0.1", "train.momentum=0.9", "train.batch_size=16",
           "train.local_epochs=2"]  # fmt: skip
-# on digits the Hermes rows step the server by a quarter of the loss-weighted average: that
+# --data mnist1d / mnist: the MLP recipes' settings (edgefl/recipes); mnist1d at --samples
+# generated examples (60,000: 4,000 training examples on each of the 12 devices)
+REAL = {
+    "digits": DIGITS,
+    "mnist1d": ["model.name=mlp", "model.args.hidden=[256, 256]", "train.lr=0.05",
+                "train.momentum=0.9", "train.local_epochs=1"],
+    "mnist": ["model.name=mlp", "train.lr=0.05", "train.momentum=0.9", "train.local_epochs=1"],
+}  # fmt: skip
+# on real data the Hermes rows step the server by a quarter of the loss-weighted average: that
 # average is applied after every push (an adaptive momentum, docs/hermes.md section 3) and
 # at server.lr 1 with the recipe above every alpha diverged to chance accuracy (0.10)
 HERMES_DIGITS = ["server.lr=0.25"]
@@ -65,7 +73,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", default="", help="keep the run directories here")
     p.add_argument("--set", dest="overrides", action="append", default=[])
-    add_data_arg(p, ("synthetic", "digits"))
+    add_data_arg(p, ("synthetic", "digits", "mnist1d", "mnist"))
+    p.add_argument(
+        "--samples", type=int, default=None,
+        help="--data mnist1d: examples generated (train and test; default the package's 5,000)",
+    )  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
@@ -80,7 +92,11 @@ def main(args: argparse.Namespace) -> int:
         write_json,
     )
 
-    data = DATA if args.data == "synthetic" else [*real_data_sets(args.data), *DIGITS]
+    data = (
+        DATA
+        if args.data == "synthetic"
+        else [*real_data_sets(args.data, samples=args.samples), *REAL[args.data]]
+    )
     cfg = {k: v for k, v in vars(args).items() if k not in ("func", "json")}
     cfg["data_sets"] = data
     header(NAME, sys.argv, cfg, args.seed)
@@ -115,7 +131,7 @@ def main(args: argparse.Namespace) -> int:
         runs[best[0]] = best[2]
     for a in (float(x) for x in args.alphas.split(",") if x):
         name = f"hermes-a{a:g}"
-        extra = HERMES_DIGITS if args.data == "digits" else []
+        extra = HERMES_DIGITS if args.data != "synthetic" else []
         run_simulate(root / name, [*timed, *HERMES, f"hermes.alpha={a}", *extra])
         runs[name] = _load(root / name)
     rows = []
