@@ -28,6 +28,21 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
+# A model class as a notebook or a script's __main__ defines it (source for the scripts of
+# tests/test_api.py and tests/test_shipped.py; it needs torch imported as torch)
+NOTEBOOK_NET = """
+class Net(torch.nn.Module):
+    def __init__(self, info, width=8):
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(info.input_shape[0], width), torch.nn.ReLU(),
+            torch.nn.Linear(width, info.num_classes))
+
+    def forward(self, x):
+        return self.body(x)
+"""
+
+
 def load_docs_regen():
     """docs/regen.py as a module (it is a script, not part of the package), loaded once."""
     import importlib.util

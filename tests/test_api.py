@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import NOTEBOOK_NET
 from golden.configs import CONFIGS, expand, load_models
 
 import edgefl
@@ -200,26 +201,21 @@ def test_cli_refuses_main_specs(capsys):
     assert err.count("\n") == 1
 
 
-SCRIPT = """
+SCRIPT = (
+    """
 import json, sys
 import torch
 import edgefl
-
-class Net(torch.nn.Module):
-    def __init__(self, info, width=8):
-        super().__init__()
-        self.body = torch.nn.Sequential(
-            torch.nn.Linear(info.input_shape[0], width), torch.nn.ReLU(),
-            torch.nn.Linear(width, info.num_classes))
-
-    def forward(self, x):
-        return self.body(x)
+"""
+    + NOTEBOOK_NET
+    + """
 
 sets = {**json.loads(sys.argv[2]), "model.name": Net, "model.args": {"width": 6}}
 r = edgefl.simulate(overrides=sets, out=sys.argv[1], backend="inline")
 print(json.dumps({"rounds": len(r.metrics), "is_net": isinstance(r.model(), Net),
                   "name": r.config["model"]["name"]}))
 """
+)
 
 
 def test_main_object_works_inline_from_a_script(tmp_path):

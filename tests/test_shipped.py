@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_launch
+from conftest import NOTEBOOK_NET, run_launch
 
 import edgefl
 from edgefl import shipped
@@ -340,24 +340,17 @@ def test_nothing_but_the_launchers_payload_is_unpickled():
 
 
 # -- over MPI --------------------------------------------------------------------------------
-SCRIPT = """
+SCRIPT = (
+    """
 import functools, json, sys
 import torch
 import torch.nn.functional as F
 import edgefl
 
 SCALE = 1.0  # a global of __main__ that a shipped function reads
-
-
-class Net(torch.nn.Module):
-    def __init__(self, info, width=8):
-        super().__init__()
-        self.body = torch.nn.Sequential(
-            torch.nn.Linear(info.input_shape[0], width), torch.nn.ReLU(),
-            torch.nn.Linear(width, info.num_classes))
-
-    def forward(self, x):
-        return self.body(x)
+"""
+    + NOTEBOOK_NET
+    + """
 
 
 def my_loss(output, target):
@@ -379,6 +372,7 @@ print(json.dumps({"mpi": mpi.model_sha256, "inline": inline.model_sha256,
                   "mpi_rows": mpi.metrics, "inline_rows": inline.metrics,
                   "is_net": isinstance(mpi.model(), Net)}))
 """
+)
 
 
 @pytest.mark.mpi
