@@ -24,10 +24,16 @@ def rank_count(cfg: dict, cores: int | None = None) -> int:
     devices (an idle worker rank would only cost memory).
     """
     fleet, servers = cfg["fleet"], cfg["ps"]["servers"]
-    ranks = fleet["ranks"]
+    return min(_asked(cfg, cores), fleet["devices"] + 1 + servers)
+
+
+def _asked(cfg: dict, cores: int | None) -> int:
+    """The ranks ``fleet.ranks`` asks for before the device cap (``"auto"``: coordinator,
+    shards and one worker per usable core)."""
+    ranks = cfg["fleet"]["ranks"]
     if ranks == "auto":
-        ranks = 1 + servers + (usable_cores() if cores is None else max(1, cores))
-    return min(ranks, fleet["devices"] + 1 + servers)
+        ranks = 1 + cfg["ps"]["servers"] + (usable_cores() if cores is None else max(1, cores))
+    return ranks
 
 
 def rank_reason(cfg: dict, ranks: int, cores: int | None = None) -> str:
@@ -36,12 +42,11 @@ def rank_reason(cfg: dict, ranks: int, cores: int | None = None) -> str:
     device"`` when the device count capped it, and a warning when the worker ranks are more
     than the usable cores (each is a process of its own: oversubscribed, every round is
     slower)."""
-    fleet, servers = cfg["fleet"], cfg["ps"]["servers"]
+    servers = cfg["ps"]["servers"]
     cores = usable_cores() if cores is None else max(1, cores)
-    asked = fleet["ranks"]
+    asked = cfg["fleet"]["ranks"]
     why = "one worker rank per core" if asked == "auto" else f"fleet.ranks = {asked}"
-    wanted = 1 + servers + cores if asked == "auto" else asked
-    if ranks < wanted:
+    if ranks < _asked(cfg, cores):
         why += ", at most one per device"
     workers = ranks - 1 - servers
     if workers > cores:
