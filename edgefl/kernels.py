@@ -21,6 +21,12 @@ the arithmetic to what any x86-64 CPU with AVX2 has (Intel since 2013, AMD since
   ms on one core; the small models of a federated job spend little time there.)
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN (convolutions) never uses AVX-512 or AMX.
 
+MKL's vector math (torch's ``sqrt``, ``exp``, ``log``, ``tanh``, ``erf`` ... of float
+tensors) follows MKL's code path, which CBWR does not make vendor-independent: ``vsSqrt``
+rounds differently on an AMD EPYC and an Intel Xeon under ``COMPATIBLE``. edgefl's own
+training avoids it where it mattered (Adam/AdamW use torch's fused kernel,
+edgefl/training/optim.py); docs/reproducibility.md lists the functions.
+
 Thread counts are part of the arithmetic too (parallel reductions split by thread): every
 rank runs ``fleet.threads`` intra-op threads (default 1). numpy's own SIMD and OpenBLAS
 dispatch were measured not to change any golden model and are left alone.

@@ -260,3 +260,47 @@ def test_the_kernels_bench_jobs_are_valid_configs():
     assert cnn["model"]["name"] == "cnn" and cnn["data"]["source"] == "partition"
     with pytest.raises(SystemExit, match="unknown job 'gpu'"):
         bench.job_sets("gpu", args)
+
+
+# one local Adam/AdamW run as edgefl's trainer builds it, its parameters' SHA-256 printed
+_ADAM = """
+import hashlib, sys, torch
+from edgefl.training.optim import optimizer_factory
+h = hashlib.sha256()
+for name in ("adam", "adamw"):
+    make = optimizer_factory({"optimizer": name, "weight_decay": 0.01, "beta1": 0.9,
+                              "beta2": 0.999, "momentum": 0.0})
+    g = torch.Generator().manual_seed(0)
+    for n in (4, 80, 1000, 10007):  # sizes with and without a vector tail
+        p = torch.randn(n, generator=g).requires_grad_()
+        opt = make([p], 0.01)
+        for _ in range(5):
+            p.grad = torch.randn(n, generator=g)
+            opt.step()
+        h.update(p.detach().numpy().tobytes())
+print(h.hexdigest())
+"""
+
+
+@pytest.mark.skipif(not X86, reason="MKL's code paths are x86-64 ones")
+def test_the_adam_step_does_not_depend_on_mkls_code_path():
+    """torch's default Adam step takes ``sqrt`` from MKL's vector math, whose rounding
+    follows MKL's code path (chosen by CPU vendor and model: the adam_cosine golden model
+    recorded on an AMD EPYC under MKL_CBWR=COMPATIBLE was not the one an Intel Xeon trains
+    under the same setting). edgefl's Adam/AdamW (edgefl/training/optim.py) use torch's
+    fused kernel instead: every MKL path and torch capability gives the same parameters.
+    The control shows the check can fail: torch's default step differs between paths."""
+    paths = ("COMPATIBLE", "AUTO")
+    caps = ("avx2", "avx512") if AVX512 else ("avx2",)
+
+    def run(code: str, path: str, cap: str) -> str:
+        env = machine_env(MKL_CBWR=path, ATEN_CPU_CAPABILITY=cap)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.split()[-1]
+
+    got = {(p, c): run(_ADAM, p, c) for p in paths for c in caps}
+    assert len(set(got.values())) == 1, got
+    default = _ADAM.replace("opt = make([p], 0.01)", "opt = torch.optim.Adam([p], lr=0.01)")
+    assert len({run(default, p, "avx2") for p in paths}) > 1

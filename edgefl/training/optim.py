@@ -40,10 +40,14 @@ def optimizer_factory(
         mom = train["momentum"]
         return lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=mom, weight_decay=wd)
     betas = (train["beta1"], train["beta2"])
-    if name == "adam":
-        return lambda params, lr: torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=wd)
-    if name == "adamw":
-        return lambda params, lr: torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=wd)
+    if name in ("adam", "adamw"):
+        cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+
+        def adam(params: Iterable[torch.Tensor], lr: float) -> torch.optim.Optimizer:
+            params = list(params)
+            return cls(params, lr=lr, betas=betas, weight_decay=wd, fused=_fused(params))
+
+        return adam
     user = import_spec(name, "train.optimizer")
 
     def make(params: Iterable[torch.Tensor], lr: float) -> torch.optim.Optimizer:
@@ -56,6 +60,19 @@ def optimizer_factory(
         return opt
 
     return make
+
+
+def _fused(params: list[torch.Tensor]) -> bool | None:
+    """Adam/AdamW on the CPU take torch's fused kernel (``fused=True``): the same one on
+    every x86-64 CPU. The default single-tensor step computes ``sqrt`` with MKL's vector
+    math (VML), whose code path, and so the rounding, is chosen by CPU vendor and model
+    even under ``MKL_CBWR=COMPATIBLE``: the same Adam job trained different models on an
+    AMD EPYC and on an Intel Xeon (docs/reproducibility.md). The fused kernel computes the
+    correctly rounded square root with torch's own vectorised code. Other devices keep
+    torch's default (None)."""
+    if params and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params):
+        return True
+    return None
 
 
 def make_optimizer(train: dict, params: Iterable[torch.Tensor], lr: float) -> torch.optim.Optimizer:
