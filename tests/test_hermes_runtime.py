@@ -77,3 +77,29 @@ def test_hermes_broadcast_to_all_refreshes_other_devices(tmp_path):
     # with "all" the other busy devices pull it too
     assert runs["pusher"]["pulls"] <= runs["pusher"]["pushes"] + 6
     assert runs["all"]["pulls"] > runs["all"]["pushes"] + 6
+
+
+def test_hermes_on_digits_learns_at_server_lr_1(tmp_path):
+    """Regression (issue 29): loss-weighted aggregation at the paper's server step
+    (``server.lr = 1``) with the digits CNN recipe of ``edgefl bench hermes --data digits``
+    (momentum 0.9, two local epochs) fell to chance accuracy (0.10, test loss rising past 3
+    within 0.4 virtual seconds): each push folded in the whole update, about 12 times the
+    step ASP takes for it. With the policy's share applied it learns as ASP does
+    (in one process, ``--backend inline``; 0.6 virtual seconds of hermes-12)."""
+    out = tmp_path / "digits"
+    proc = run_edgefl(
+        "simulate", "--out", str(out), "--backend", "inline", *HERMES,
+        "--set", "fleet.devices=12", "--set", "fleet.ranks=3",
+        "--set", "data.source=partition",
+        "--set", 'data.args={dataset = "digits", scheme = "iid"}',
+        "--set", "model.name=cnn", "--set", "train.lr=0.1", "--set", "train.momentum=0.9",
+        "--set", "train.batch_size=16", "--set", "train.local_epochs=2",
+        "--set", "allocation.trigger=always", "--set", "server.lr=1.0",
+        "--set", "run.rounds=100000000", "--set", "run.max_virtual_s=0.6",
+        "--set", "run.eval_every=100000000", "--set", "run.eval_every_s=0.3",
+        "--set", "run.checkpoint_every=0",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["final_accuracy"] > 0.6, s["final_accuracy"]
+    assert s["final_test_loss"] < 2.0, s["final_test_loss"]  # (2.30 at the start)

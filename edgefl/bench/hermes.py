@@ -51,10 +51,6 @@ REAL = {
                 "train.momentum=0.9", "train.local_epochs=1"],
     "mnist": ["model.name=mlp", "train.lr=0.05", "train.momentum=0.9", "train.local_epochs=1"],
 }  # fmt: skip
-# on real data the Hermes rows step the server by a quarter of the loss-weighted average: that
-# average is applied after every push (an adaptive momentum, docs/hermes.md section 3) and
-# at server.lr 1 with the recipe above every alpha diverged to chance accuracy (0.10)
-HERMES_REAL = ["server.lr=0.25"]
 PAPER = (
     "Hermes (Basani et al., HiPC 2024, on MNIST): 13.22x shorter training time than "
     "BSP to 97.82% (BSP 98.07%), 62.1% less communication"
@@ -131,8 +127,7 @@ def main(args: argparse.Namespace) -> int:
         runs[best[0]] = best[2]
     for a in (float(x) for x in args.alphas.split(",") if x):
         name = f"hermes-a{a:g}"
-        extra = HERMES_REAL if args.data != "synthetic" else []
-        run_simulate(root / name, [*timed, *HERMES, f"hermes.alpha={a}", *extra])
+        run_simulate(root / name, [*timed, *HERMES, f"hermes.alpha={a}"])
         runs[name] = _load(root / name)
     rows = []
     bsp_total = budget

@@ -56,19 +56,29 @@ class HermesCoordinator(CoordinatorPlugin):
 
     def aggregate(self, ap: Apply) -> np.ndarray | None:
         """Loss-weighted aggregation: each update is folded into the running average by
-        its candidate test loss (the global model with the update applied)."""
+        its candidate test loss (the global model with the update applied).
+
+        An asynchronous policy (ASP, SSP: ``ap.mode == "terms"``) gives each arrival its
+        share of the fleet, ``coef`` (1 / devices, or the device's sample share), as it does
+        without Hermes: the update enters the average scaled by it, so a push moves the
+        model as far as the same update under plain ASP. (Folding in the whole delta made
+        every push about ``devices`` times ASP's step; with the average applied after each
+        push and the clients' momentum, Hermes diverged at ``server.lr = 1``:
+        tests/test_hermes_runtime.py, docs/hermes.md section 3.)"""
         if not self.loss_agg:
             return None
         agg = self.ctx.aggregator
         gl = self._global_test_loss()
         arr = sorted(ap.arrivals, key=lambda x: x.device) if ap.mode == "aggregate" else ap.arrivals
+        coefs = ap.coefs if ap.mode == "terms" else [1.0] * len(arr)
         step = None
-        for a in arr:
+        for a, c in zip(arr, coefs, strict=True):
             cand = self._candidate_loss(a.delta)
+            delta = a.delta if c == 1.0 else np.float32(c) * a.delta
             if agg.name == "loss-weighted":
-                step = agg.push(a.delta, cand, gl)
+                step = agg.push(delta, cand, gl)
             else:
-                step = agg.push(a.device, a.delta, cand)
+                step = agg.push(a.device, delta, cand)
         return step
 
     def after_apply(self, ap: Apply, now: float) -> None:

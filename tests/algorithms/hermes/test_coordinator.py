@@ -155,6 +155,29 @@ def test_outside_an_aggregate_round_arrivals_are_folded_as_they_came():
     np.testing.assert_allclose(step, (w1 * d1 + w2 * d0) / (w1 + w2), rtol=1e-6)
 
 
+def test_an_asynchronous_policys_share_scales_each_update_it_folds_in():
+    """ASP/SSP give each arrival its share of the fleet (``coef``): the update enters the
+    average scaled by it, as plain ASP applies it; the candidate is still judged on the
+    whole update. (Unscaled, every push was ~devices times ASP's step, and Hermes
+    diverged at server.lr 1.)"""
+    ctx, calls = _loss_ctx('algorithm.aggregation="loss-weighted"')
+    ctx.aggregator_ = LossWeighted()
+    h = HermesCoordinator(ctx, "hermes")
+    d0, d1 = np.array([1, 0, 0, 0], np.float32), np.array([0, 0, 2, 0], np.float32)
+    step = h.aggregate(Apply("terms", [arrival(1, d1), arrival(0, d0)], [0.25, 0.5]))
+    g = np.array([1, 1, 0, 0.0])
+    w1, w2 = 1 / (g @ g), 1 / ((g + d0) @ (g + d0))
+    want = (w1 * 0.25 * d1 + w2 * 0.5 * d0) / (w1 + w2)
+    np.testing.assert_allclose(step, want, rtol=1e-6)
+    assert np.array_equal(calls[1], g + d1) and np.array_equal(calls[2], g + d0)
+    # loss-softmax takes the same share
+    ctx, _ = _loss_ctx('algorithm.aggregation="loss-softmax"')
+    agg = ctx.aggregator_ = LossSoftmax(temperature=1.0, buffer=1)
+    h = HermesCoordinator(ctx, "hermes")
+    step = h.aggregate(Apply("terms", [arrival(1, d1)], [0.25]))
+    np.testing.assert_allclose(step, 0.25 * d1, rtol=1e-6)
+
+
 def test_the_global_test_loss_is_evaluated_once_per_model_version():
     ctx, calls = _loss_ctx('algorithm.aggregation="loss-weighted"')
     ctx.aggregator_ = LossWeighted()
