@@ -146,3 +146,56 @@ def test_cdgrab_paper_check_pairs_seeds_and_counts_epochs():
     rows[3]["train_loss_by_epoch"] = [1.0, 0.95, 0.85]  # worse than D-RR at m=32
     (line,) = cdgrab.paper_check(rows)
     assert "below at 0/3" in line and "does NOT grow" in line
+
+
+def _finished_run(out, sets, status="0"):
+    from edgefl.config.sources import simulation_config
+
+    out.mkdir()
+    (out / "config.toml").write_text(dump_config(simulation_config(None, sets)[0]))
+    (out / "exit_status").write_text(status + "\n")
+    (out / "summary.json").write_text("{}")
+
+
+def test_reuse_keeps_only_a_finished_run_of_the_same_config(tmp_path, monkeypatch, capsys):
+    """``edgefl bench hermes --reuse``: a run directory is kept only when it finished (exit
+    status 0, summary.json) with exactly the effective config the bench would run now;
+    another config's run is refused in one line, never overwritten."""
+    import subprocess
+
+    from edgefl.bench import common
+
+    sets = ["seed=3", "fleet.devices=4", "algorithm.consistency=asp"]
+    _finished_run(tmp_path / "same", sets)
+    _finished_run(tmp_path / "failed", sets, status="1")
+    assert common.finished_with(tmp_path / "same", sets)
+    assert not common.finished_with(tmp_path / "same", [*sets, "train.lr=0.2"])
+    assert not common.finished_with(tmp_path / "failed", sets)
+    assert not common.finished_with(tmp_path / "missing", sets)
+
+    def no_run(*a, **k):
+        raise AssertionError("a reused run must not be started again")
+
+    monkeypatch.setattr(subprocess, "run", no_run)
+    common.run_simulate(tmp_path / "same", sets, reuse=True)
+    assert "# reused" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--reuse: .* holds another config's run"):
+        common.run_simulate(tmp_path / "same", [*sets, "train.lr=0.2"], reuse=True)
+
+
+def test_hermes_rows_count_api_calls_as_the_paper_does():
+    """API calls = model requests (MODEL + TRAIN: two messages down) + pushes (one up), up
+    to the first evaluation at the target, or over the whole run when it never gets
+    there."""
+    rows = [
+        {"msgs_up": 3, "msgs_down": 6, "bytes_up": 30, "bytes_down": 60, "iterations": 3,
+         "time_s": 1.0, "test_accuracy": 0.5},
+        {"msgs_up": 2, "msgs_down": 4, "bytes_up": 20, "bytes_down": 40, "iterations": 2,
+         "time_s": 2.0, "test_accuracy": 0.9},
+        {"msgs_up": 9, "msgs_down": 9, "bytes_up": 1, "bytes_down": 1, "iterations": 9,
+         "time_s": 3.0, "test_accuracy": 0.95},
+    ]  # fmt: skip
+    at = hermes._at_target({"rows": rows}, 0.9)
+    assert (at["api_calls"], at["messages"], at["time_s"], at["bytes"]) == (10, 15, 2.0, 150)
+    never = hermes._at_target({"rows": rows}, 0.99)
+    assert never["time_s"] is None and never["api_calls"] == 14 + 19 // 2

@@ -7,8 +7,12 @@ update g a device pushes is folded into a running average weighted by inverse te
 
 where L_global is the test loss of the current global model and L_candidate the test loss of
 the model obtained by applying g (the authors' master code evaluates base model + g on the
-server's test set). The server optimizer then applies ``saved`` to the global model. The first
-update (or any update while L_global is unknown) sets saved = g.
+server's test set). edgefl's server optimizer then applies ``saved`` to the current global
+model. (The authors' master applies it to the *initial* model, their workers sending the
+sum of all their gradients so far, so there ``saved`` stands for the whole displacement;
+docs/hermes.md section 3.) The first update (or any update while L_global is unknown) sets
+saved = g. Under an asynchronous policy the Hermes coordinator passes g already scaled by
+the policy's share of the fleet (coordinator.py), as plain ASP applies it.
 
 Applied to the current global model after every push, ``saved`` acts like an adaptive
 momentum buffer: with rho_t = w1 / (w1 + w2), saved_t = rho_t * saved_{t-1} + (1 - rho_t) * g_t,
