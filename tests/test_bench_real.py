@@ -9,7 +9,7 @@ import argparse
 import numpy as np
 import pytest
 
-from edgefl.bench import cdgrab, fedavg, gddr, hermes
+from edgefl.bench import cdgrab, consistency, fedavg, gddr, hermes
 from edgefl.bench.common import real_data_sets
 from edgefl.config import dump_config, load_config
 from edgefl.data import load_federated
@@ -53,7 +53,7 @@ def test_real_data_sets_missing_extra_is_one_line(monkeypatch):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("mod", [hermes, gddr, fedavg, cdgrab])
+@pytest.mark.parametrize("mod", [hermes, gddr, fedavg, cdgrab, consistency])
 def test_each_bench_takes_data(mod):
     p = argparse.ArgumentParser()
     mod.add_args(p)
@@ -199,3 +199,48 @@ def test_hermes_rows_count_api_calls_as_the_paper_does():
     assert (at["api_calls"], at["messages"], at["time_s"], at["bytes"]) == (10, 15, 2.0, 150)
     never = hermes._at_target({"rows": rows}, 0.99)
     assert never["time_s"] is None and never["api_calls"] == 14 + 19 // 2
+
+
+def test_sync_vs_async_line_against_bsp(capsys):
+    """``edgefl bench consistency --data mnist``: each asynchronous policy's virtual time
+    to the target against BSP's, FedScale's comparison."""
+    rows = [
+        {"policy": "bsp", "time_to_target_s": 30.0, "final_accuracy": 0.91},
+        {"policy": "fedbuff-k4", "time_to_target_s": 20.0, "final_accuracy": 0.92},
+        {"policy": "fedasync", "time_to_target_s": None, "final_accuracy": 0.85},
+    ]
+    consistency._sync_vs_async(rows, 0.9)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2
+    assert "fedbuff-k4 vs bsp" in out[0] and "1.50x BSP's speed" in out[0]
+    assert "0.9200 vs 0.9100" in out[0]
+    assert "fedasync vs bsp" in out[1] and "None vs 30.0" in out[1] and "(-)" in out[1]
+
+
+def test_consistency_defaults_follow_the_data():
+    p = argparse.ArgumentParser()
+    consistency.add_args(p)
+    args = p.parse_args(["--data", "mnist"])
+    assert args.policies is None and args.target is None  # filled in by main from --data
+    assert consistency.REAL_TARGET["mnist"] == 0.90
+    assert consistency.REAL_POLICIES.split(",") == ["bsp", "fedbuff:4", "fedasync"]
+
+
+def test_hermes_sweep_parses_its_axes_and_draws_the_speedups(tmp_path):
+    """``edgefl bench hermes-sweep``: samples per device must be integers >= 2 (one line
+    otherwise); the plot has one line per system and profile set and leaves out a run that
+    never reached the target."""
+    from edgefl.bench import hermes_sweep
+
+    assert hermes_sweep._ints("150, 400") == [150, 400]
+    for bad in ("", "1", "a,b"):
+        with pytest.raises(SystemExit, match="--samples"):
+            hermes_sweep._ints(bad)
+    rows = [
+        {"profiles": p, "samples": n, "system": s, "speedup": sp}
+        for p in ("uniform", "hermes-12")
+        for n, sp in ((150, 1.2), (3000, None))
+        for s in ("bsp", "asp", "hermes")
+    ]
+    path = hermes_sweep.plot(rows, tmp_path / "plots")
+    assert path.name == "speedup_vs_samples.png" and path.stat().st_size > 1000

@@ -16,6 +16,7 @@ BENCHES = (
     "rounds",
     "consistency",
     "hermes",
+    "hermes_sweep",
     "gddr",
     "cdgrab",
     "fedavg",

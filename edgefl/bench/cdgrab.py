@@ -24,7 +24,9 @@ Tasks:
 * ``mnist1d`` (``--data mnist1d``, real data, needs ``pip install 'edgefl[real]'``): the
   built-in MLP (hidden layer of 100) on MNIST-1D (Greydanus 2020, regenerated offline; see
   docs/real-data.md): the package's 4,000 training examples, shuffled by the seed and split
-  IID over the workers.
+  IID over the workers. ``--samples N`` regenerates MNIST-1D at N examples (deterministic)
+  and trains on its first 80% (the package's training part), e.g. 20,000 for 16,000
+  training examples: enough steps per epoch to reach the loss plateau in tens of epochs.
 
 Gradients are sketched to ``--sketch-dim`` dimensions (worker side, in the step time) when
 that is smaller than the model size ``d``; otherwise the ordering runs in exact mode.
@@ -127,6 +129,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=None, help="override every task's step size")
     p.add_argument("--examples", type=int, default=None, help="override every task's examples")
     p.add_argument(
+        "--samples", type=int, default=None,
+        help="--data mnist1d: examples generated (default the package's 5,000; trains on 80%%)",
+    )  # fmt: skip
+    p.add_argument(
         "--lr-scaling",
         choices=("linear", "none"),
         default="linear",
@@ -141,8 +147,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- data
 
 
-def _task_data(spec: TaskSpec, m: int, seed: int, examples: int):
-    """(X, Y, info, worker slices): the training set and each worker's shard."""
+def _task_data(spec: TaskSpec, m: int, seed: int, examples: int, samples: int | None = None):
+    """(X, Y, info, worker slices): the training set and each worker's shard. ``samples``:
+    MNIST-1D regenerated at that many examples (train on its first 80%)."""
     import torch
 
     from ..data import gaussian_mixture, load_federated
@@ -158,12 +165,15 @@ def _task_data(spec: TaskSpec, m: int, seed: int, examples: int):
     elif spec.name == "mnist1d":
         from ..data.real import load_mnist1d_arrays
 
-        x, y = load_mnist1d_arrays()  # the package's 4,000 training examples come first
-        if examples > 4000:
+        # the package's training part (80%: 4,000 of the default 5,000) comes first
+        x, y = load_mnist1d_arrays(samples or 5000)
+        train = int(0.8 * len(x))
+        if examples > train:
             raise SystemExit(
-                f"edgefl bench cdgrab: mnist1d has 4000 training examples, not {examples}"
+                f"edgefl bench cdgrab: mnist1d at {len(x)} samples has {train} training "
+                f"examples, not {examples} (--samples generates more)"
             )
-        rows = np.random.default_rng(seed).permutation(4000)[:examples]
+        rows = np.random.default_rng(seed).permutation(train)[:examples]
         info = DataInfo((x.shape[1],), 10)
         X, Y = torch.from_numpy(x[rows].copy()), torch.from_numpy(y[rows].copy())
     else:
@@ -186,9 +196,12 @@ def _task_data(spec: TaskSpec, m: int, seed: int, examples: int):
 
 
 def _examples(spec: TaskSpec, args: argparse.Namespace) -> int:
-    """Training examples of a task (all workers together): --examples, else the task's."""
+    """Training examples of a task (all workers together): --examples, else the task's
+    (mnist1d with --samples N: all of its 0.8 N training examples)."""
     if args.examples:
         return args.examples
+    if spec.name == "mnist1d" and getattr(args, "samples", None):
+        return int(0.8 * (int(args.samples) // 10 * 10))
     return QUICK["lstm_examples"] if (args.quick and spec.name == "lstm") else spec.examples
 
 
@@ -210,7 +223,7 @@ def run_one(spec: TaskSpec, m: int, ordering: str, seed: int, args: argparse.Nam
     from ..models.train import loss_fn
 
     examples = _examples(spec, args)
-    X, Y, info, n = _task_data(spec, m, seed, examples)
+    X, Y, info, n = _task_data(spec, m, seed, examples, getattr(args, "samples", None))
     task = info.task
     model = build_model(spec.model or spec.name, info, spec.model_args, seed)
     flat = FlatParams(model)
@@ -510,7 +523,7 @@ def _task_config(task: str) -> dict:
     if task == "logreg":
         return LOGREG
     if task == "mnist1d":
-        return {"dataset": "mnist1d", "split": "iid by seed"}
+        return {"dataset": "mnist1d", "split": "iid by seed"}  # (+ samples: args.samples)
     return {"seq_len": LSTM_SEQ, "authors": AUTHORS}
 
 
@@ -565,6 +578,7 @@ def main(args: argparse.Namespace) -> int:
         "sketch_dim": args.sketch_dim,
         "threads": args.threads,
         "quick": bool(args.quick),
+        "samples": args.samples,
     }
     header(NAME, sys.argv, config, args.seed)
     paper_line(PAPER)
