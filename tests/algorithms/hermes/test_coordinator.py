@@ -172,7 +172,7 @@ def test_an_asynchronous_policys_share_scales_each_update_it_folds_in():
     assert np.array_equal(calls[1], g + d1) and np.array_equal(calls[2], g + d0)
     # loss-softmax takes the same share
     ctx, _ = _loss_ctx('algorithm.aggregation="loss-softmax"')
-    agg = ctx.aggregator_ = LossSoftmax(temperature=1.0, buffer=1)
+    ctx.aggregator_ = LossSoftmax(temperature=1.0, buffer=1)
     h = HermesCoordinator(ctx, "hermes")
     step = h.aggregate(Apply("terms", [arrival(1, d1)], [0.25]))
     np.testing.assert_allclose(step, 0.25 * d1, rtol=1e-6)
