@@ -30,7 +30,7 @@ HELP = "BSP / SSP(s) / ASP / FedBuff on edge-mix: time to target, accuracy, idle
 DEFAULT_POLICIES = "bsp,ssp:2,ssp:4,ssp:8,ssp:16,asp,fedbuff:4"
 # --data DATASET: sync vs async (FedScale's template); target accuracy and virtual budget
 REAL_POLICIES = "bsp,fedbuff:4,fedasync"
-REAL_TARGET = {"mnist": 0.90, "digits": 0.95, "mnist1d": 0.85}
+REAL_TARGET = {"mnist": 0.93, "digits": 0.97, "mnist1d": 0.85}
 FEDSCALE = (
     "FedScale (PR #197, FEMNIST, virtual clock): sync 100 rounds 27,618 s, 0.914 top-5; "
     "FedBuff 180 rounds 18,913 s, 0.92 top-5 (async 1.46x faster to a higher accuracy)"
@@ -143,9 +143,10 @@ def main(args: argparse.Namespace) -> int:
         "idle_fraction",
     ]
     print(table(rows, cols))
-    _verdict(rows)
     if real:
         _sync_vs_async(rows, args.target)
+    else:  # (the idle-fraction expectations are edge-mix's, on the synthetic task)
+        _verdict(rows)
     dirs = " ".join(str(root / r["policy"]) for r in rows)
     print(f"# plots: edgefl report {dirs} --out {root / 'report'}")
     write_json(args.json, rows)

@@ -84,6 +84,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help=f"also run SSP at the paper's bound (default {PAPER_SSP}; 0: skip)",
     )  # fmt: skip
     p.add_argument(
+        "--quick", action="store_true",
+        help="a CI-sized check (about a minute on synthetic data): BSP 10 rounds, 20 "
+        "evaluations, one SSP bound (4), no paper SSP, Hermes at alpha -1.3 only",
+    )  # fmt: skip
+    p.add_argument(
         "--reuse", action="store_true",
         help="keep a run directory under --runs that already holds a finished run of the "
         "same config (an interrupted benchmark, or a new table from the same runs)",
@@ -116,6 +121,8 @@ def main(args: argparse.Namespace) -> int:
         write_json,
     )
 
+    if args.quick:
+        args.bsp_rounds, args.evals, args.ssp, args.paper_ssp, args.alphas = 10, 20, "4", 0, "-1.3"
     data = (
         DATA
         if args.data == "synthetic"

@@ -42,6 +42,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", default="", help="keep the run directories here")
     p.add_argument("--reuse", action="store_true", help="keep finished runs of the same config")
     p.add_argument("--plot", metavar="DIR", help="write speedup_vs_samples.png here")
+    p.add_argument(
+        "--quick", action="store_true",
+        help="a CI-sized check: samples 150,400 on uniform only, BSP 10 rounds",
+    )  # fmt: skip
 
 
 def _ints(text: str) -> list[int]:
@@ -58,6 +62,8 @@ def main(args: argparse.Namespace) -> int:
     from .common import header, paper_line, run_simulate, runs_root, table, write_json
     from .hermes import HERMES, PAPER, _at_target, _load
 
+    if args.quick:
+        args.samples, args.profiles, args.bsp_rounds, args.evals = "150,400", "uniform", 10, 20
     samples = _ints(args.samples)
     profiles = [x.strip() for x in args.profiles.split(",") if x.strip()]
     cfg = {k: v for k, v in vars(args).items() if k not in ("func", "json")}
