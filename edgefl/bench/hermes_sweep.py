@@ -146,13 +146,14 @@ def plot(rows: list[dict], out: Path) -> Path:
     fig = Figure(figsize=(8, 5))
     ax = fig.add_subplot()
     styles = {"asp": "--", "hermes": "-"}
-    for prof in sorted({r["profiles"] for r in rows}):
+    for i, prof in enumerate(sorted({r["profiles"] for r in rows})):
+        color = f"C{i}"  # one colour per profile set, dashed ASP, solid Hermes
         for system in ("asp", "hermes"):
             pts = [(r["samples"], r["speedup"]) for r in rows
                    if r["profiles"] == prof and r["system"] == system and r["speedup"]]  # fmt: skip
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, styles[system], marker="o", label=f"{system}, {prof}")
+                ax.plot(xs, ys, styles[system], color=color, marker="o", label=f"{system}, {prof}")
     ax.axhline(13.22, color="grey", lw=0.8, ls=":", label="paper: Hermes 13.22x")
     ax.set_xscale("log")
     ax.set_xlabel("training samples per device")
