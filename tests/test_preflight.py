@@ -234,6 +234,40 @@ def test_sample_mode_checks_a_spread_of_devices_and_auto_projects_the_time():
         scan_devices(data, "full", "x")
 
 
+def test_the_scan_keeps_no_device_built_and_forgetting_changes_no_data():
+    """rank 0 checks every device before the job starts: it holds one device's data at a
+    time (at 10,000 devices it kept all of them, 180 MB it never used again), and a
+    forgotten device is built again bit for bit."""
+    from edgefl.data.synthetic import SyntheticFederated
+
+    data = SyntheticFederated({"dim": 5, "min_samples": 7, "samples_sigma": 0.0}, 40, 3)
+    before = [tuple(t.clone() for t in data.train(k).tensors) for k in (0, 17, 39)]
+    data.forget(0), data.forget(17), data.forget(39)
+    assert data._train == {}
+    report = scan_devices(data, "full", "synthetic")
+    assert report.checked == 40 and data._train == {}  # every device checked, none kept
+    for k, (x, y) in zip((0, 17, 39), before, strict=True):
+        x2, y2 = data.train(k).tensors
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+def test_forget_keeps_what_a_plug_in_source_cannot_build_again():
+    """The default :meth:`FederatedDataset.forget` keeps everything: a user's source may
+    hold data it cannot build again (here, under the built-in sources' attribute name)."""
+
+    class Held(Fleet):
+        def __init__(self) -> None:
+            super().__init__(3)
+            self._train = {k: TensorDataset(*self._xy(k, N)) for k in range(3)}
+
+        def train(self, device: int):
+            return self._train[device]
+
+    data = Held()
+    scan_devices(data, "full", "mine:make")
+    assert sorted(data._train) == [0, 1, 2]
+
+
 # -- through preflight -----------------------------------------------------------------------
 def test_preflight_refuses_a_lazy_device_with_out_of_range_labels(tmp_path):
     cfg = fleet_cfg(tmp_path, 'data.args={fault = "label", at = 3}')

@@ -103,6 +103,13 @@ class FederatedDataset(ABC):
     def num_samples(self, device: int) -> int:
         """Number of training examples held by ``device`` (cheap: no data is generated)."""
 
+    def forget(self, device: int) -> None:
+        """Drop what this object keeps of ``device``'s training data; a later :meth:`train`
+        builds it again (the same data: it is a pure function of ``(seed, device)``). The
+        pre-launch check builds every device once and forgets each, so rank 0 never holds
+        the fleet's training data. The default keeps everything (a source that cannot
+        build a device again); the built-in sources drop their cached copy."""
+
     def check_device(self, device: int) -> int:
         """Return ``device`` as an int, or raise :class:`DataError` if it is not a valid id."""
         if isinstance(device, bool) or not isinstance(device, int | np.integer):

@@ -249,7 +249,9 @@ def scan_devices(
     """Check devices' training data (:func:`check_device`): ``sample``: those of
     :func:`sample_ids`; ``full``: every device; ``auto``: the sample, then every device
     when the sample's median time per device, times the devices, is under ``budget_s``
-    seconds. Raises DataError (one line) at the first bad device."""
+    seconds. Each device is forgotten once checked (:meth:`FederatedDataset.forget`): the
+    scan holds one device's data at a time. Raises DataError (one line) at the first bad
+    device."""
     if mode not in ("auto", "full", "sample"):
         raise ValueError(f"mode must be auto, full or sample, not {mode!r}")
     n = data.num_devices
@@ -260,6 +262,7 @@ def scan_devices(
         t = clock()
         check_device(data, k, source)
         times.append(clock() - t)
+        data.forget(k)  # (one device at a time: the fleet's data is never held here)
     spent = clock() - t0
     # the median: devices the memory estimate already built are quick, a first one slow
     projected = float(np.median(times)) * n
@@ -269,6 +272,7 @@ def scan_devices(
     for k in range(n):
         if k not in done:
             check_device(data, k, source)
+            data.forget(k)
     return ScanReport(n, n, clock() - t0, projected)
 
 

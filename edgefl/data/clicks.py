@@ -193,6 +193,10 @@ class ClicksFederated(FederatedDataset):
             self._train[k] = self._sample(k, _TRAIN, self.samples_per_device)
         return self._train[k]
 
+    def forget(self, device: int) -> None:
+        """Drop the cached training set of ``device`` (:meth:`train` builds it again)."""
+        self._train.pop(self.check_device(device), None)
+
     def test(self) -> SparseExamples:
         """``test_samples_per_device`` held-out examples from every device's distribution."""
         if self._test is None:

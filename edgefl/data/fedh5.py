@@ -347,6 +347,10 @@ class FedH5Federated(FederatedDataset):
             self._train[k] = TensorDataset(x[idx], y[idx])
         return self._train[k]
 
+    def forget(self, device: int) -> None:
+        """Drop the cached training set of ``device`` (:meth:`train` builds it again)."""
+        self._train.pop(self.check_device(device), None)
+
     def test(self) -> TensorDataset:
         """All clients of ``test_path`` pooled, or every used client's held-out part."""
         if self._test is None:

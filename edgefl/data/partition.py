@@ -353,6 +353,10 @@ class PartitionedFederated(FederatedDataset):
             self._train[k] = TensorDataset(self._x_train[idx], self._y_train[idx])
         return self._train[k]
 
+    def forget(self, device: int) -> None:
+        """Drop the cached training set of ``device`` (:meth:`train` builds it again)."""
+        self._train.pop(self.check_device(device), None)
+
     def test(self) -> TensorDataset:
         """The stratified ``test_fraction`` held out before partitioning."""
         return self._test

@@ -127,6 +127,10 @@ class SyntheticFederated(FederatedDataset):
             self._train[k] = TensorDataset(x, y)
         return self._train[k]
 
+    def forget(self, device: int) -> None:
+        """Drop the cached training set of ``device`` (:meth:`train` builds it again)."""
+        self._train.pop(self.check_device(device), None)
+
     def test(self) -> TensorDataset:
         """``test_samples_per_device`` held-out examples from every device's distribution."""
         if self._test is None:

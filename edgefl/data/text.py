@@ -126,6 +126,10 @@ class TextFederated(FederatedDataset):
             self._train[k] = TensorDataset(*self._windows(tokens, self.num_samples(k)))
         return self._train[k]
 
+    def forget(self, device: int) -> None:
+        """Drop the cached training set of ``device`` (:meth:`train` builds it again)."""
+        self._train.pop(self.check_device(device), None)
+
     def test(self) -> TensorDataset:
         """``test_sequences`` held-out sequences spread evenly over the authors."""
         if self._test is None:

@@ -71,4 +71,8 @@ def checkpoint_state(
 
 
 def _clean(d: dict) -> dict:
+    """``d`` with float subclasses (numpy floats) as plain floats; ``d`` itself when it
+    holds none (no copy of every device's record at every checkpoint)."""
+    if all(type(v) is float or not isinstance(v, float) for v in d.values()):
+        return d
     return {k: (float(v) if isinstance(v, float) else v) for k, v in d.items()}

@@ -135,6 +135,7 @@ class Worker:
         self.stack = False  # train.vectorize: queued tasks trained together (stacking.py)
         self.stacked_tasks = 0
         self._sample_numel: int | None = None  # elements of one example (0: not tensors)
+        self._built: set[int] = set()  # devices whose data _build_queued built
         if cfg["train"]["vectorize"] != "off":  # ("on": refused before launch if it can't)
             why = stacking.why_not(cfg, self.task.flat, [type(p) for p in self.plugins])
             self.stack = why is None
@@ -273,6 +274,8 @@ class Worker:
                         self._await_farewell()
                     return int(msg.aux[0])
                 self._on_message(msg)
+            if self.stack:
+                self._build_queued()
             group = self._group() if self.stack else []
             if group:
                 self._train_group(group)
@@ -468,6 +471,21 @@ class Worker:
         if pooled and not shared:
             self.free(up.delta)
         return True
+
+    def _build_queued(self) -> None:
+        """Build the training data of every queued device not built yet, before any stack
+        of them trains (train.vectorize). Each device's data is kept for the run; built
+        between two stacks instead, it lands among the heap blocks a stack's large
+        temporary tensors leave behind, and the allocator cannot give those back: 30 to
+        60 MB more per worker at 5,000 devices. The same data either way (a device's data
+        is a pure function of the seed and its id); only when it is built changes."""
+        if self.holdout is not None:
+            return  # (the splits are built on first use: Worker.split)
+        built = self._built
+        for d, _task, _v, _spec in self.queue:
+            if d not in built:
+                self.data.train(d)
+                built.add(d)
 
     def _group(self) -> list[tuple[int, int, int, TaskSpec]]:
         def size_of(d: int) -> int | None:
