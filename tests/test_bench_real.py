@@ -195,9 +195,9 @@ def test_hermes_rows_count_api_calls_as_the_paper_does():
         {"msgs_up": 9, "msgs_down": 9, "bytes_up": 1, "bytes_down": 1, "iterations": 9,
          "time_s": 3.0, "test_accuracy": 0.95},
     ]  # fmt: skip
-    at = hermes._at_target({"rows": rows}, 0.9)
+    at = hermes.at_target({"rows": rows}, 0.9)
     assert (at["api_calls"], at["messages"], at["time_s"], at["bytes"]) == (10, 15, 2.0, 150)
-    never = hermes._at_target({"rows": rows}, 0.99)
+    never = hermes.at_target({"rows": rows}, 0.99)
     assert never["time_s"] is None and never["api_calls"] == 14 + 19 // 2
 
 

@@ -73,3 +73,37 @@ def test_bundled_messages_keep_their_order_counts_and_checks():
     # truncated bundle are rejected, and the transport goes on (the HEARTBEAT after)
     assert out["hostile"] == [["TRAIN", 5], ["HEARTBEAT", -1]]
     assert out["rejected"]["0"] == 3
+
+
+REAP_CHILD = r"""
+import json
+from mpi4py import MPI
+from edgefl.comm.mpi import MPITransport
+from edgefl.comm.wire import Validator
+
+t = MPITransport(Validator(1, model_numel=4), comm=MPI.COMM_SELF, peers=[0])
+released = []
+
+def release_1():  # releasing a send to a dead rank reaps again (as a callback may)
+    released.append(1)
+    t._reap()
+
+t._dead.update({1, 2})
+for dest, rel in ((1, release_1), (2, lambda: released.append(2))):
+    t._pend(([], None, rel, dest, None))
+t._reap()
+print(json.dumps({"released": released, "pending": len(t._pending), "n": t._npending}))
+t.close()
+"""
+
+
+def test_a_reap_nested_in_a_release_callback_leaves_the_outer_reap_consistent():
+    """Every worker killed (tests/fault/test_stops.py) once ended rank 0 with a KeyError:
+    abandoning a send to one dead rank ran a callback that reaped again, took the other
+    dead rank's queue, and the outer reap then deleted it a second time. Each send is now
+    released once and the count of pending sends stays right."""
+    proc = subprocess.run([sys.executable, "-c", REAP_CHILD], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(got["released"]) == [1, 2] and got["pending"] == 0 and got["n"] == 0

@@ -136,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
     common = [*fleet_sets(args), *data, *args.overrides]
     reuse = args.reuse
     run_simulate(root / "bsp", [*common, f"run.rounds={args.bsp_rounds}"], reuse=reuse)
-    bsp = _load(root / "bsp")
+    bsp = load_run(root / "bsp")
     budget = bsp["summary"]["time_s"]
     target = bsp["summary"]["final_accuracy"] - args.slack
     print(f"# BSP: {args.bsp_rounds} rounds, {budget:.3f} virtual s, final "
@@ -150,14 +150,14 @@ def main(args: argparse.Namespace) -> int:
     ]
     runs = {"bsp": bsp}
     run_simulate(root / "asp", [*timed, "algorithm.consistency=asp"], reuse=reuse)
-    runs["asp"] = _load(root / "asp")
+    runs["asp"] = load_run(root / "asp")
     best = None
     for s in (int(x) for x in args.ssp.split(",") if x):
         name = f"ssp-s{s}"
         sets = [*timed, "algorithm.consistency=ssp", f"algorithm.staleness={s}"]
         run_simulate(root / name, sets, reuse=reuse)
-        r = _load(root / name)
-        t = _at_target(r, target)["time_s"]
+        r = load_run(root / name)
+        t = at_target(r, target)["time_s"]
         if best is None or (t is not None and (best[1] is None or t < best[1])):
             best = (name, t, r)
     if best is not None:
@@ -166,16 +166,16 @@ def main(args: argparse.Namespace) -> int:
         name = f"ssp-s{args.paper_ssp}"
         sets = [*timed, "algorithm.consistency=ssp", f"algorithm.staleness={args.paper_ssp}"]
         run_simulate(root / name, sets, reuse=reuse)
-        runs[name] = _load(root / name)
+        runs[name] = load_run(root / name)
     for a in (float(x) for x in args.alphas.split(",") if x):
         name = f"hermes-a{a:g}"
         beta = [f"hermes.beta={PAPER_BETA[a]}"] if a in PAPER_BETA else []
         run_simulate(root / name, [*timed, *HERMES, f"hermes.alpha={a}", *beta], reuse=reuse)
-        runs[name] = _load(root / name)
+        runs[name] = load_run(root / name)
     rows = []
     bsp_total = budget
     for name, r in runs.items():
-        at = _at_target(r, target)
+        at = at_target(r, target)
         h = r["summary"]["hermes"]
         row = {
             "system": name,
@@ -215,14 +215,14 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(out: Path) -> dict:
+def load_run(out: Path) -> dict:
     from ..api import Result
 
     run = Result(out)
     return {"rows": run.metrics, "summary": run.summary}
 
 
-def _at_target(run: dict, target: float) -> dict:
+def at_target(run: dict, target: float) -> dict:
     """Cumulative iterations, messages, API calls and bytes up to the first row at the
     target (the whole run where it never gets there).
 

@@ -60,7 +60,7 @@ def _ints(text: str) -> list[int]:
 
 def main(args: argparse.Namespace) -> int:
     from .common import header, paper_line, run_simulate, runs_root, table, write_json
-    from .hermes import HERMES, PAPER, _at_target, _load
+    from .hermes import HERMES, PAPER, at_target, load_run
 
     if args.quick:
         args.samples, args.profiles, args.bsp_rounds, args.evals = "150,400", "uniform", 10, 20
@@ -85,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
                 "data.args.samples_sigma=0.2",
             ]
             run_simulate(cell / "bsp", [*common, f"run.rounds={args.bsp_rounds}"], reuse=args.reuse)
-            bsp = _load(cell / "bsp")
+            bsp = load_run(cell / "bsp")
             budget = bsp["summary"]["time_s"]
             target = bsp["summary"]["final_accuracy"] - args.slack
             timed = [
@@ -97,12 +97,12 @@ def main(args: argparse.Namespace) -> int:
             ]
             runs = {"bsp": bsp}
             run_simulate(cell / "asp", [*timed, "algorithm.consistency=asp"], reuse=args.reuse)
-            runs["asp"] = _load(cell / "asp")
+            runs["asp"] = load_run(cell / "asp")
             hermes = [*timed, *HERMES, f"hermes.alpha={args.alpha}"]
             run_simulate(cell / "hermes", hermes, reuse=args.reuse)
-            runs["hermes"] = _load(cell / "hermes")
+            runs["hermes"] = load_run(cell / "hermes")
             for system, r in runs.items():
-                at = _at_target(r, target)
+                at = at_target(r, target)
                 h = r["summary"]["hermes"]
                 rows.append({
                     "profiles": prof,

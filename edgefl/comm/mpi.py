@@ -413,11 +413,13 @@ class MPITransport(Transport):
         per destination plus one per completed send."""
         self._reaped = time.monotonic()
         for dest, q in list(self._pending.items()):
+            if self._pending.get(dest) is not q:
+                continue  # a reap nested in a release or failure callback took it already
             if dest in self._dead:
-                for reqs, payload, release, _, entry in q:
-                    self._abandon(reqs, (payload, entry), release)
+                del self._pending[dest]  # (first: a callback below may reap again)
                 self._npending -= len(q)
-                del self._pending[dest]
+                for reqs, payload, release, _, entry in list(q):
+                    self._abandon(reqs, (payload, entry), release)
                 continue
             while q:
                 reqs, payload, release, _, entry = q[0]
