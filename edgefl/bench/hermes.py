@@ -141,13 +141,7 @@ def main(args: argparse.Namespace) -> int:
     target = bsp["summary"]["final_accuracy"] - args.slack
     print(f"# BSP: {args.bsp_rounds} rounds, {budget:.3f} virtual s, final "
           f"{bsp['summary']['final_accuracy']:.4f}; target {target:.4f}", flush=True)  # fmt: skip
-    timed = [
-        *common,
-        "run.rounds=100000000",
-        f"run.max_virtual_s={budget}",
-        "run.eval_every=100000000",
-        f"run.eval_every_s={budget / args.evals}",
-    ]
+    timed = timed_sets(common, budget, args.evals)
     runs = {"bsp": bsp}
     run_simulate(root / "asp", [*timed, "algorithm.consistency=asp"], reuse=reuse)
     runs["asp"] = load_run(root / "asp")
@@ -213,6 +207,18 @@ def main(args: argparse.Namespace) -> int:
     print(f"# plots: edgefl report {dirs} --out {root / 'report'}")
     write_json(args.json, rows)
     return 0
+
+
+def timed_sets(common: list[str], budget_s: float, evals: int) -> list[str]:
+    """``common`` plus the overrides of a run that gets BSP's virtual duration ``budget_s``
+    (seconds) as its budget and ``evals`` evaluations spread evenly over it."""
+    return [
+        *common,
+        "run.rounds=100000000",
+        f"run.max_virtual_s={budget_s}",
+        "run.eval_every=100000000",
+        f"run.eval_every_s={budget_s / evals}",
+    ]
 
 
 def load_run(out: Path) -> dict:

@@ -60,7 +60,7 @@ def _ints(text: str) -> list[int]:
 
 def main(args: argparse.Namespace) -> int:
     from .common import header, paper_line, run_simulate, runs_root, table, write_json
-    from .hermes import HERMES, PAPER, at_target, load_run
+    from .hermes import HERMES, PAPER, at_target, load_run, timed_sets
 
     if args.quick:
         args.samples, args.profiles, args.bsp_rounds, args.evals = "150,400", "uniform", 10, 20
@@ -88,13 +88,7 @@ def main(args: argparse.Namespace) -> int:
             bsp = load_run(cell / "bsp")
             budget = bsp["summary"]["time_s"]
             target = bsp["summary"]["final_accuracy"] - args.slack
-            timed = [
-                *common,
-                "run.rounds=100000000",
-                f"run.max_virtual_s={budget}",
-                "run.eval_every=100000000",
-                f"run.eval_every_s={budget / args.evals}",
-            ]
+            timed = timed_sets(common, budget, args.evals)
             runs = {"bsp": bsp}
             run_simulate(cell / "asp", [*timed, "algorithm.consistency=asp"], reuse=args.reuse)
             runs["asp"] = load_run(cell / "asp")
