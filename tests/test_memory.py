@@ -53,3 +53,43 @@ def test_the_checkpoint_does_not_copy_every_device_record():
     task = build_task(cfg)
     st = checkpoint_state(cfg, 1, task.flat, task.flat.to_host(), {3: plain}, [], 0.0)
     assert st["devices"]["3"] is plain
+
+
+def test_the_metrics_rows_are_kept_as_their_json_lines(tmp_path):
+    """Rank 0 keeps every metrics row for the whole run (checkpoints, the summary), and a
+    row lists every device: kept as the JSON line metrics.jsonl holds (about 70 bytes a
+    device, where the row's dicts kept about 350), parsed again when read; a checkpoint
+    stores the very lines."""
+    import json
+    import tracemalloc
+
+    from edgefl.runtime.output import MetricsLog
+
+    log = MetricsLog(tmp_path / "metrics.jsonl", [{"round": 0, "x": 1.5}])
+
+    def row(r: int) -> dict:
+        devices = {str(d): {"bytes_up": 36592 + d, "msgs_up": 1, "time_s": d / 7}
+                   for d in range(5000)}  # fmt: skip
+        return {"round": r, "test_accuracy": 0.5 + r / 10, "devices": devices}
+
+    lines = [json.dumps(row(r)) for r in (1, 2)]
+    tracemalloc.start()
+    try:
+        for r in (1, 2):
+            log.append(row(r))  # (the caller keeps nothing of it)
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert kept < 2 * 5000 * 120, f"{kept / 10_000:.0f} bytes per device and row"
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [
+        '{"round": 0, "x": 1.5}',
+        *lines,
+    ]
+    assert len(log.rows) == 3 and log.rows[2] == json.loads(lines[1])
+    assert [r["round"] for r in log.rows] == [0, 1, 2] and log.rows[1:][0]["round"] == 1
+    cfg = load_config(overrides=JOB)
+    task = build_task(cfg)
+    st = checkpoint_state(cfg, 2, task.flat, task.flat.to_host(), {}, log.rows, 0.0)
+    assert st["metrics_jsonl"] == ['{"round": 0, "x": 1.5}', *lines]
+    assert checkpoint_state(cfg, 2, task.flat, task.flat.to_host(), {}, [{"a": 1}], 0.0)[
+        "metrics_jsonl"] == ['{"a": 1}']  # fmt: skip
