@@ -53,3 +53,67 @@ def test_the_checkpoint_does_not_copy_every_device_record():
     task = build_task(cfg)
     st = checkpoint_state(cfg, 1, task.flat, task.flat.to_host(), {3: plain}, [], 0.0)
     assert st["devices"]["3"] is plain
+
+
+def test_the_metrics_rows_are_kept_as_their_json_lines(tmp_path):
+    """Rank 0 keeps every metrics row for the whole run (checkpoints, the summary), and a
+    row lists every device: kept as the JSON line metrics.jsonl holds (about 70 bytes a
+    device, where the row's dicts kept about 350), parsed again when read; a checkpoint
+    stores the very lines."""
+    import json
+    import tracemalloc
+
+    from edgefl.runtime.output import MetricsLog
+
+    log = MetricsLog(tmp_path / "metrics.jsonl", [{"round": 0, "x": 1.5}])
+
+    def row(r: int) -> dict:
+        devices = {str(d): {"bytes_up": 36592 + d, "msgs_up": 1, "time_s": d / 7}
+                   for d in range(5000)}  # fmt: skip
+        return {"round": r, "test_accuracy": 0.5 + r / 10, "devices": devices}
+
+    lines = [json.dumps(row(r)) for r in (1, 2)]
+    tracemalloc.start()
+    try:
+        for r in (1, 2):
+            log.append(row(r))  # (the caller keeps nothing of it)
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert kept < 2 * 5000 * 120, f"{kept / 10_000:.0f} bytes per device and row"
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [
+        '{"round": 0, "x": 1.5}',
+        *lines,
+    ]
+    assert len(log.rows) == 3 and log.rows[2] == json.loads(lines[1])
+    assert [r["round"] for r in log.rows] == [0, 1, 2] and log.rows[1:][0]["round"] == 1
+    cfg = load_config(overrides=JOB)
+    task = build_task(cfg)
+    st = checkpoint_state(cfg, 2, task.flat, task.flat.to_host(), {}, log.rows, 0.0)
+    assert st["metrics_jsonl"] == ['{"round": 0, "x": 1.5}', *lines]
+    assert checkpoint_state(cfg, 2, task.flat, task.flat.to_host(), {}, [{"a": 1}], 0.0)[
+        "metrics_jsonl"] == ['{"a": 1}']  # fmt: skip
+
+
+def test_summary_json_is_streamed(tmp_path):
+    """summary.json lists every device: written as json.dump streams it (json.dumps with an
+    indent first joins a string per token: 30 MB at rank 0's end at 10,000 devices), byte
+    for byte what json.dumps(indent=1) gives."""
+    import json
+    import tracemalloc
+
+    from edgefl.runtime.summary import write_json
+
+    rec = {"rank": 1, "torch": "cpu", "samples": 52, "rounds": 2, "bytes_up": 36592,
+           "bytes_down": 36752, "msgs_up": 2, "msgs_down": 4, "time_s": 0.05625,
+           "requests": 2, "iterations": 2, "idle_fraction": 0.25}  # fmt: skip
+    doc = {"run_id": "x", "devices": {str(d): dict(rec) for d in range(5000)}, "f": np.float32(1)}
+    tracemalloc.start()
+    try:
+        write_json(tmp_path / "summary.json", doc)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 2**20, f"peak {peak / 2**20:.1f} MB"
+    want = json.dumps(doc, indent=1, default=float) + "\n"
+    assert (tmp_path / "summary.json").read_bytes() == want.encode("utf-8")

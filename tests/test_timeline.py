@@ -332,3 +332,27 @@ def test_wall_clock_idle_fraction_comes_from_the_measured_compute(tmp_path: Path
     for dev in summary["devices"].values():
         assert dev["idle_fraction"] == pytest.approx(1.0 - dev["time_s"] / end, rel=1e-6)
     assert coord.timeline.idle_fraction() == idle
+
+
+def test_busy_intervals_are_kept_as_columns():
+    """Issue 27: rank 0 keeps every task's busy intervals for the whole run; as columns
+    they take about 25 bytes an interval (a tuple in a list per device took about 120),
+    and read back as before: by device, each device's in the order added."""
+    import tracemalloc
+
+    tl = Timeline()
+    tracemalloc.start()
+    try:
+        for d in range(10_000):
+            for k, s in enumerate(("download", "compute", "upload")):
+                tl.add(d, s, d + k + 0.5, d + k + 1.25)
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert kept < 40 * 30_000, f"{kept / 30_000:.0f} bytes per interval"
+    tl.add(3, "compute", 0.0, 0.25)
+    assert tl.busy[3] == [("download", 3.5, 4.25), ("compute", 4.5, 5.25),
+                          ("upload", 5.5, 6.25), ("compute", 0.0, 0.25)]  # fmt: skip
+    busy = tl.state_dict()["busy"]
+    assert busy.shape == (30_001, 4) and str(busy.dtype) == "float64"
+    assert busy[9].tolist() == [3.0, 0.0, 3.5, 4.25] and busy[12].tolist() == [3.0, 1.0, 0.0, 0.25]

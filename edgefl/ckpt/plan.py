@@ -3,10 +3,15 @@
 Every leaf becomes a contiguous numpy array plus a ``kind`` telling how to turn it back into
 the original Python value; nested dicts become groups. Keys are escaped so that any string
 (including ``"device/17"``) is a valid HDF5 link name.
+
+``plan_tables`` is the plan ``save_checkpoint`` writes: the same nodes, but a group of many
+alike sub-groups (``devices/<id>``) planned as one :class:`Table` whose rows are encoded
+chunk by chunk while they are written, never all at once.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import zlib
@@ -165,17 +170,178 @@ def plan_state(state: dict[str, Any]) -> list[Node]:
 
 
 def _walk(d: dict[str, Any], names: tuple[str, ...]) -> Iterator[Node]:
+    for child, kind, arr in _entries(d, names):
+        yield Node(child, kind, arr)
+
+
+def _entries(
+    d: dict[str, Any], names: tuple[str, ...]
+) -> Iterator[tuple[tuple[str, ...], str, np.ndarray | None]]:
+    """(link names, kind, data) of every entry below ``d`` in depth-first dict order (groups,
+    with data None, before their children): :func:`plan_state`'s walk, without the nodes."""
     for key, value in d.items():
         if not isinstance(key, str):
             where = "/" + "/".join((*names, repr(key)))
             raise TypeError(f"checkpoint state {where}: keys must be str")
         child = (*names, escape_key(key))
         if isinstance(value, dict):
-            yield Node(child, "group")
-            yield from _walk(value, child)
+            yield child, "group", None
+            yield from _entries(value, child)
         else:
             kind, arr = encode_leaf(value, child)
-            yield Node(child, kind, arr)
+            yield child, kind, arr
+
+
+# ------------------------------------------------------------------------ tables, planned
+
+#: leaf kinds stored in a table column as bytes of any length (the rest: fixed-size values)
+VARIABLE = ("str", "bytes", "list", "bigint")
+#: one column of a table: (names below the row, kind, "fixed" | "var" | "none", dtype str,
+#: shape); dtype and shape are None unless "fixed"
+Column = tuple[tuple[str, ...], str, str, "str | None", "tuple[int, ...] | None"]
+
+
+def _column(rel: tuple[str, ...], kind: str, arr: np.ndarray | None) -> Column:
+    if kind == "group" or kind == "none":
+        return (rel, kind, "none", None, None)
+    if kind in VARIABLE:
+        return (rel, kind, "var", None, None)
+    assert arr is not None
+    return (rel, kind, "fixed", arr.dtype.str, arr.shape)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A group planned as a table (``edgefl.ckpt.store``): its rows are the sub-groups of
+    the state's own dict ``rows``, all with the same entries (``columns``). Nothing of a row
+    is kept: :meth:`chunks` encodes the rows again, a chunk at a time, when they are written,
+    so writing needs memory for one chunk of rows, not for a node of every entry."""
+
+    names: tuple[str, ...]  # the group's link names (its group node comes just before)
+    rows: dict[str, dict]  # (the state's dict, not a copy)
+    columns: tuple[Column, ...]
+    var_bytes: tuple[int, ...]  # total bytes of each "var" column (0 for the others)
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows' leaves (as a group per row would hold them)."""
+        fixed = sum(
+            np.dtype(c[3]).itemsize * int(np.prod(c[4], dtype=np.int64))
+            for c in self.columns
+            if c[2] == "fixed"
+        )
+        return fixed * self.n + sum(self.var_bytes)
+
+    def row_names(self) -> list[str]:
+        return [escape_key(k) for k in self.rows]
+
+    def column_specs(self) -> list[list]:
+        """The columns as the file's ``%columns`` lists them: [names, kind, "fixed", dtype,
+        shape], [names, kind, "var"] or [names, kind, "none"]."""
+        return [
+            [list(rel), kind, how, dtype, list(shape)] if how == "fixed" else [list(rel), kind, how]
+            for rel, kind, how, dtype, shape in self.columns
+        ]
+
+    def chunks(self, size: int) -> Iterator[tuple[int, list[Any]]]:
+        """(first row, columns) for each run of ``size`` rows: a "fixed" column as one
+        array (a row per row), a "var" one as (its rows' bytes concatenated, each row's byte
+        count), a "none" one as None. ValueError if a row no longer matches the plan."""
+        depth = len(self.names) + 1
+        items = iter(self.rows.items())
+        for start in range(0, self.n, size):
+            batch = list(itertools.islice(items, size))
+            cols: list[Any] = []
+            for _rel, _kind, how, dtype, shape in self.columns:
+                if how == "fixed":
+                    assert dtype is not None and shape is not None
+                    cols.append(np.empty((len(batch), *shape), np.dtype(dtype)))
+                else:
+                    cols.append([] if how == "var" else None)
+            for r, (key, row) in enumerate(batch):
+                j = -1
+                for j, (child, kind, arr) in enumerate(_entries(row, (*self.names, key))):
+                    if j >= len(self.columns) or self.columns[j][:2] != (child[depth:], kind):
+                        raise ValueError(f"checkpoint table /{'/'.join(self.names)}: row "
+                                         f"{key!r} changed while it was written")  # fmt: skip
+                    col = cols[j]
+                    if col is None:
+                        continue
+                    if isinstance(col, list):
+                        col.append(arr)
+                    else:
+                        col[r] = arr
+                if j != len(self.columns) - 1:
+                    raise ValueError(f"checkpoint table /{'/'.join(self.names)}: row {key!r} "
+                                     "changed while it was written")  # fmt: skip
+            for j, col in enumerate(cols):
+                if isinstance(col, list):
+                    sizes = np.fromiter((p.size for p in col), np.int64, len(col))
+                    data = np.concatenate(col) if col else np.zeros(0, np.uint8)
+                    cols[j] = (data, sizes)
+            yield start, cols
+
+
+def _as_table(rows: dict, names: tuple[str, ...], min_rows: int) -> Table | None:
+    """Group ``names`` (the state's dict ``rows``) planned as a :class:`Table` if it has at
+    least ``min_rows`` children, all groups with the same entries (names, kinds, dtype and
+    shape of fixed-size values); else None. Encodes every row once to check (validating it:
+    TypeError as :func:`plan_state`), keeping only the first row's columns."""
+    if len(rows) < min_rows or not all(isinstance(v, dict) for v in rows.values()):
+        return None
+    depth = len(names) + 1
+    columns: tuple[Column, ...] | None = None
+    var: list[int] = []
+    for key, row in rows.items():
+        if not isinstance(key, str):
+            raise TypeError(f"checkpoint state /{'/'.join((*names, repr(key)))}: keys must be str")
+        spec, sizes = [], []  # (sizes: (column, bytes) of the row's variable-size leaves)
+        for child, kind, arr in _entries(row, (*names, escape_key(key))):
+            if kind in VARIABLE:
+                sizes.append((len(spec), arr.size))  # type: ignore[union-attr]
+            spec.append(_column(child[depth:], kind, arr))
+        if columns is None:
+            columns, var = tuple(spec), [0] * len(spec)
+        elif tuple(spec) != columns:
+            return None
+        for j, size in sizes:
+            var[j] += size
+    assert columns is not None
+    return Table(names, rows, columns, tuple(var))
+
+
+def plan_tables(state: dict[str, Any], min_rows: int) -> list[Node | Table]:
+    """:func:`plan_state`'s nodes, except that a group below the root that can be a table
+    (:func:`_as_table`) is its group node followed by one :class:`Table` instead of its
+    subtree: what ``save_checkpoint`` writes. Every leaf is validated (TypeError naming its
+    key path), but a table's rows keep no node."""
+    if not isinstance(state, dict):
+        raise TypeError(f"checkpoint state must be a dict, got {type(state).__name__}")
+    out: list[Node | Table] = []
+    _plan(state, (), min_rows, out)
+    return out
+
+
+def _plan(d: dict[str, Any], names: tuple[str, ...], min_rows: int, out: list) -> None:
+    for key, value in d.items():
+        if not isinstance(key, str):
+            where = "/" + "/".join((*names, repr(key)))
+            raise TypeError(f"checkpoint state {where}: keys must be str")
+        child = (*names, escape_key(key))
+        if isinstance(value, dict):
+            out.append(Node(child, "group"))
+            table = _as_table(value, child, min_rows)
+            if table is not None:
+                out.append(table)
+            else:
+                _plan(value, child, min_rows, out)
+        else:
+            kind, arr = encode_leaf(value, child)
+            out.append(Node(child, kind, arr))
 
 
 def rebuild_state(nodes: list[Node]) -> dict[str, Any]:

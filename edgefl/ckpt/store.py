@@ -16,6 +16,9 @@ read: a 10,000-device checkpoint took minutes). The group has the attribute ``ta
 ``%rows`` holds the rows' link names and ``%columns`` every column's relative names, kind
 and layout (JSON); ``%c<j>`` column j's values (fixed-size leaves stacked, one row per
 row; variable-size ones concatenated, with row offsets in ``%o<j>``); each has a crc32.
+The planner (``plan.plan_tables``) finds the tables and keeps no node of their rows: they
+are encoded again and written :data:`TABLE_CHUNK_ROWS` at a time into datasets made at
+their full size, so writing a large fleet needs memory for one chunk of its devices.
 Reading expands a table back into the very nodes, in the same order, that a group per row
 gives, so the loaded state (and ``edgefl inspect``) cannot tell the two layouts apart. A
 file without a table is written as format_version 1, readable by an edgefl before tables.
@@ -31,6 +34,7 @@ import re
 import shutil
 import signal
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +44,7 @@ import h5py
 import numpy as np
 
 from edgefl.ckpt import seal
-from edgefl.ckpt.plan import Node, crc32, decode_leaf, plan_state, rebuild_state
+from edgefl.ckpt.plan import Node, Table, crc32, decode_leaf, plan_tables, rebuild_state
 from edgefl.ckpt.schema import check_run_state, is_run_state
 from edgefl.errors import CheckpointError
 
@@ -50,9 +54,10 @@ TABLE_FORMAT_VERSION = 2  # a file holding a table (below)
 READ_VERSIONS = (FORMAT_VERSION, TABLE_FORMAT_VERSION)
 #: fewest rows a group needs to be stored as a table
 TABLE_MIN_ROWS = 64
+#: rows of a table encoded and written at a time (what writing one needs memory for)
+TABLE_CHUNK_ROWS = 2048
 _TABLE_ATTR = "table_rows"
 _FIXED = {"int": "<i8", "float": "<f8", "bool": "|b1"}  # scalar kinds: one value per row
-_VARIABLE = ("str", "bytes", "list", "bigint")  # uint8 bytes of any length
 _NAME_RE = re.compile(r"^ckpt-(\d{6,})\.h5$")
 # Errors h5py/HDF5 raise on damaged files; translated into one-line CheckpointErrors.
 _READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError, IndexError,
@@ -89,68 +94,26 @@ def _write_leaf(parent: h5py.Group, name: str, node: Node) -> None:
     ds.attrs["crc32"] = np.uint32(crc32(node.data))
 
 
-def _write_nodes(f: h5py.File, nodes: list[Node]) -> bool:
-    """Write ``nodes`` (parents first) below ``f``; True if some group became a table."""
-    kids: dict[tuple[str, ...], list[int]] = {}
-    for i, node in enumerate(nodes):
-        kids.setdefault(node.names[:-1], []).append(i)
+def _write_nodes(f: h5py.File, plan: list[Node | Table]) -> bool:
+    """Write ``plan`` (``plan.plan_tables``: depth-first, parents first) below ``f``; True
+    if it holds a table. Only the groups on the path to the current node stay open."""
+    open_groups: list[tuple[tuple[str, ...], h5py.Group]] = [((), f)]
     tables = False
-    todo: list[tuple[h5py.Group, tuple[str, ...]]] = [(f, ())]  # (no recursive closure:
-    while todo:  # its reference cycle would keep every node alive until a gc pass)
-        group, names = todo.pop()
-        for i in kids.get(names, ()):
-            node = nodes[i]
-            if node.kind != "group":
-                _write_leaf(group, node.names[-1], node)
-                continue
-            sub = group.create_group(node.names[-1], track_order=True)
-            table = _table(nodes, kids, node.names)
-            if table is not None:
-                _write_table(sub, *table)
-                tables = True
-            else:
-                todo.append((sub, node.names))
+    for item in plan:
+        if isinstance(item, Table):
+            while open_groups[-1][0] != item.names:
+                open_groups.pop()
+            _write_table(open_groups[-1][1], item)
+            tables = True
+            continue
+        while open_groups[-1][0] != item.names[:-1]:
+            open_groups.pop()
+        parent = open_groups[-1][1]
+        if item.kind == "group":
+            open_groups.append((item.names, parent.create_group(item.names[-1], track_order=True)))
+        else:
+            _write_leaf(parent, item.names[-1], item)
     return tables
-
-
-def _layout(node: Node) -> list:
-    """How a leaf is stored in a table column: [kind, "fixed", dtype, shape], [kind,
-    "var"] or [kind, "none"] (groups: ["group", "none"])."""
-    if node.kind == "group" or node.kind == "none":
-        return [node.kind, "none"]
-    if node.kind in _VARIABLE:
-        return [node.kind, "var"]
-    assert node.data is not None
-    return [node.kind, "fixed", node.data.dtype.str, list(node.data.shape)]
-
-
-def _subtree(nodes: list[Node], kids: dict, names: tuple[str, ...]) -> list[int]:
-    out: list[int] = []
-    for i in kids.get(names, ()):
-        out.append(i)
-        if nodes[i].kind == "group":
-            out += _subtree(nodes, kids, nodes[i].names)
-    return out
-
-
-def _table(nodes: list[Node], kids: dict, names: tuple[str, ...]):
-    """(row names, column specs, per-row node indices) if group ``names`` can be a table:
-    at least TABLE_MIN_ROWS children, all groups, all with the same entries; else None."""
-    rows = kids.get(names, [])
-    if len(rows) < TABLE_MIN_ROWS or any(nodes[i].kind != "group" for i in rows):
-        return None
-    depth = len(names) + 1
-    columns = None
-    members = []
-    for i in rows:
-        sub = _subtree(nodes, kids, nodes[i].names)
-        spec = [[list(nodes[j].names[depth:]), *_layout(nodes[j])] for j in sub]
-        if columns is None:
-            columns = spec
-        elif spec != columns:
-            return None
-        members.append([nodes[j] for j in sub])
-    return [nodes[i].names[-1] for i in rows], columns, members
 
 
 def _write_blob(group: h5py.Group, name: str, data: np.ndarray) -> None:
@@ -158,25 +121,58 @@ def _write_blob(group: h5py.Group, name: str, data: np.ndarray) -> None:
     ds.attrs["crc32"] = np.uint32(crc32(data))
 
 
-def _write_table(group: h5py.Group, rows: list[str], columns: list, members: list) -> None:
-    """Write a table (see the module docstring); ``members[r][j]`` is row r's node of
-    column j."""
-    _write_blob(group, "%rows", _json_bytes(rows))
-    _write_blob(group, "%columns", _json_bytes(columns))
-    for j, (_names, _kind, how, *fixed) in enumerate(columns):
+def _crc_more(crc: int, arr: np.ndarray) -> int:
+    """``crc`` continued over the raw bytes of ``arr`` (the crc32 of a whole column is that
+    of its chunks in turn)."""
+    return zlib.crc32(np.ascontiguousarray(arr).reshape(-1).view(np.uint8), crc)
+
+
+def _write_table(group: h5py.Group, table: Table) -> None:
+    """Write a table (see the module docstring), :data:`TABLE_CHUNK_ROWS` rows at a time:
+    every column's dataset is made at its full size first, then filled chunk by chunk,
+    its crc32 carried from chunk to chunk."""
+    n = table.n
+    _write_blob(group, "%rows", _json_bytes(table.row_names()))
+    _write_blob(group, "%columns", _json_bytes(table.column_specs()))
+    sets: list[tuple[h5py.Dataset, h5py.Dataset | None] | None] = []
+    for j, (_rel, _kind, how, dtype, shape) in enumerate(table.columns):
         if how == "fixed":
-            dtype, shape = np.dtype(fixed[0]), tuple(fixed[1])
-            col = np.empty((len(rows), *shape), dtype)
-            for r, sub in enumerate(members):
-                col[r] = sub[j].data
-            _write_blob(group, f"%c{j}", col)
+            assert dtype is not None and shape is not None
+            sets.append((group.create_dataset(f"%c{j}", shape=(n, *shape), dtype=dtype), None))
         elif how == "var":
-            parts = [sub[j].data for sub in members]
-            offsets = np.zeros(len(parts) + 1, np.int64)
-            np.cumsum([p.size for p in parts], out=offsets[1:])
-            _write_blob(group, f"%c{j}", np.concatenate(parts) if parts else np.zeros(0, np.uint8))
-            _write_blob(group, f"%o{j}", offsets)
-    group.attrs[_TABLE_ATTR] = np.int64(len(rows))
+            data = group.create_dataset(f"%c{j}", shape=(table.var_bytes[j],), dtype=np.uint8)
+            offsets = group.create_dataset(f"%o{j}", shape=(n + 1,), dtype=np.int64)
+            offsets[0] = 0
+            sets.append((data, offsets))
+        else:
+            sets.append(None)
+    zero = np.zeros(1, np.int64)
+    crcs = [[0, _crc_more(0, zero)] for _ in sets]  # (data, offsets: starting at 0)
+    pos = [0] * len(sets)  # bytes of each var column written so far
+    for start, cols in table.chunks(TABLE_CHUNK_ROWS):
+        for j, col in enumerate(cols):
+            ds = sets[j]
+            if ds is None:
+                continue
+            if ds[1] is None:  # fixed
+                if col.size:
+                    ds[0][start : start + len(col)] = col
+                crcs[j][0] = _crc_more(crcs[j][0], col)
+                continue
+            data, sizes = col
+            if data.size:
+                ds[0][pos[j] : pos[j] + data.size] = data
+            ends = pos[j] + np.cumsum(sizes, dtype=np.int64)
+            if ends.size:
+                ds[1][start + 1 : start + 1 + ends.size] = ends
+            crcs[j] = [_crc_more(crcs[j][0], data), _crc_more(crcs[j][1], ends)]
+            pos[j] += int(data.size)
+    for j, ds in enumerate(sets):
+        if ds is not None:
+            ds[0].attrs["crc32"] = np.uint32(crcs[j][0] & 0xFFFFFFFF)
+            if ds[1] is not None:
+                ds[1].attrs["crc32"] = np.uint32(crcs[j][1] & 0xFFFFFFFF)
+    group.attrs[_TABLE_ATTR] = np.int64(n)
 
 
 def _json_bytes(value) -> np.ndarray:
@@ -214,7 +210,7 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
     (a save of that size takes 115-122 ms without it; ``edgefl.ckpt.seal`` has the figures).
     """
     target = Path(path)
-    nodes = plan_state(state)  # validate everything before touching the disk
+    nodes = plan_tables(state, TABLE_MIN_ROWS)  # validate everything before touching the disk
     content = seal.RUN if is_run_state(state) else seal.STATE
     directory = target.parent
     tmp = directory / f".{target.name}.tmp-{os.getpid()}"
@@ -246,7 +242,7 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
     _fsync_path(directory if str(directory) else Path("."), directory=True)
 
 
-def _write_failure(target: Path, nodes: list[Node], exc: BaseException, tmp: Path) -> str:
+def _write_failure(target: Path, nodes: list[Node | Table], exc: BaseException, tmp: Path) -> str:
     """The one line of a checkpoint write that failed (a full disk, say): the file, why
     (the operating system's reason, found under HDF5's wrapping), about how many bytes it
     needs (the state's leaves, or the newest older checkpoint's size if larger: HDF5 adds
@@ -255,7 +251,11 @@ def _write_failure(target: Path, nodes: list[Node], exc: BaseException, tmp: Pat
     with contextlib.suppress(OSError):
         os.unlink(tmp)
     directory = target.parent if str(target.parent) else Path(".")
-    need = sum(int(n.data.nbytes) for n in nodes if n.data is not None)
+    need = sum(
+        n.nbytes if isinstance(n, Table) else int(n.data.nbytes)
+        for n in nodes
+        if isinstance(n, Table) or n.data is not None
+    )
     older = [p for p in _candidates_quiet(directory) if p.name != target.name]
     with contextlib.suppress(OSError):  # (the last one's size counts HDF5's overhead too)
         need = max(need, older[0].stat().st_size) if older else need

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +46,7 @@ def checkpoint_state(
     flat: FlatParams,
     global_model: np.ndarray,
     devices: dict[int, dict],
-    metrics: list[dict],
+    metrics: Sequence[dict],
     wall_time_s: float,
 ) -> dict:
     """Everything a resume needs (docs/architecture.md, Checkpoints), as a nested dict for
@@ -66,8 +67,14 @@ def checkpoint_state(
         # round counter are the whole RNG state.
         "rng": {"scheme": "derive_seed(seed, device, round, purpose)", "seed": int(cfg["seed"])},
         "devices": {str(d): _clean(v) for d, v in devices.items()},
-        "metrics_jsonl": [json.dumps(r) for r in metrics],
+        "metrics_jsonl": _lines(metrics),
     }
+
+
+def _lines(metrics: Sequence[dict]) -> list[str]:
+    """The metrics rows as JSON lines: those ``output.Rows`` keeps (not parsed again)."""
+    lines = getattr(metrics, "lines", None)
+    return list(lines) if lines is not None else [json.dumps(r) for r in metrics]
 
 
 def _clean(d: dict) -> dict:

@@ -61,6 +61,9 @@ def round_row(core: Coordinator, arr: list, now: float) -> dict:
 
 def finish(core: Coordinator, rows: list[dict], rounds_done: int, wall: float, end: float) -> None:
     """Print the summary table and the final accuracy; write summary.json and the model."""
+    # (the rows without their per-device entries, which nothing here reads: parsed one at
+    # a time from output.Rows, the whole run's would be every device's dicts again)
+    rows = [{k: v for k, v in r.items() if k != "devices"} for r in rows]
     stats = core.t.stats
     for d, frac in core.timeline.idle.items():
         core.devices[d]["idle_fraction"] = frac
@@ -153,7 +156,9 @@ def model_sha256(arr: np.ndarray) -> str:
 def write_json(path: Path, obj: dict) -> None:
     """Write ``obj`` as JSON atomically (temporary file, then rename)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=float) + "\n", encoding="utf-8")
+    with open(tmp, "w", encoding="utf-8") as f:  # (streamed: json.dumps with an indent
+        json.dump(obj, f, indent=1, default=float)  # joins a string per token, 30 MB for
+        f.write("\n")  # the summary of 10,000 devices; the same bytes)
     os.replace(tmp, path)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import math
+from array import array
 from collections import defaultdict
 from pathlib import Path
 
@@ -31,7 +32,7 @@ class Timeline:
     """Intervals per device, in seconds (virtual or wall) since the start of the run."""
 
     def __init__(self) -> None:
-        self.busy: dict[int, list[tuple[str, float, float]]] = defaultdict(list)
+        self._clear()
         self.rows: list[tuple[int, str, float, float]] = []
         self.idle: dict[int, float] = {}
         self.origin = 0.0  # the first second covered (> 0 only after an old checkpoint)
@@ -40,13 +41,39 @@ class Timeline:
         """A busy interval of ``device`` (``state`` one of download, compute, upload) from
         ``start`` to ``end`` seconds; empty ones are ignored."""
         if end > start:
-            self.busy[device].append((state, start, end))
+            self._dev.append(device)
+            self._state.append(STATES.index(state))
+            self._start.append(start)
+            self._end.append(end)
+
+    def _clear(self) -> None:
+        # (the busy intervals as columns, in the order they were added: 25 bytes an
+        # interval, where a tuple per interval in a list per device took about 120)
+        self._dev, self._state = array("q"), array("b")
+        self._start, self._end = array("d"), array("d")
+
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        """(device, state index, start_s, end_s) of every busy interval, by device (stable:
+        each device's in the order they were added)."""
+        dev = np.array(self._dev, np.int64)
+        order = np.argsort(dev, kind="stable")
+        start, end = np.array(self._start, np.float64), np.array(self._end, np.float64)
+        return dev[order], np.array(self._state, np.int8)[order], start[order], end[order]
+
+    @property
+    def busy(self) -> dict[int, list[tuple[str, float, float]]]:
+        """The busy intervals so far: device -> [(state, start_s, end_s), ...] in the order
+        they were added, devices in increasing order."""
+        out: dict[int, list[tuple[str, float, float]]] = {}
+        for d, k, a, b in zip(*(c.tolist() for c in self._columns()), strict=True):
+            out.setdefault(d, []).append((STATES[k], a, b))
+        return out
 
     def state_dict(self) -> dict:
         """The busy intervals so far (for a checkpoint): ``busy`` is an (N, 4) float64 array
         of rows (device, index in STATES, start_s, end_s), ``origin`` the first second."""
-        rows = [(d, STATES.index(s), a, b) for d in sorted(self.busy) for s, a, b in self.busy[d]]
-        return {"busy": np.array(rows, np.float64).reshape(-1, 4), "origin": float(self.origin)}
+        busy = np.column_stack(self._columns()).astype(np.float64).reshape(-1, 4)
+        return {"busy": busy, "origin": float(self.origin)}
 
     def load_state_dict(self, state: dict | None, now: float, keep_future: bool) -> None:
         """Take back the busy intervals of a checkpoint taken at ``now`` seconds.
@@ -55,7 +82,7 @@ class Timeline:
         planned); False cuts them off (those tasks start again). A checkpoint without a
         timeline (an older edgefl) leaves it empty, covering the run from ``now`` on.
         """
-        self.busy = defaultdict(list)
+        self._clear()
         if state is None:
             self.origin = float(now)
             return
@@ -77,8 +104,9 @@ class Timeline:
         intervals; without them a device is online and alive throughout.
         """
         rows: list[tuple[int, str, float, float]] = []
+        every = self.busy
         for d in devices:
-            busy = sorted((a, min(b, end), s) for s, a, b in self.busy.get(d, []) if a < end)
+            busy = sorted((a, min(b, end), s) for s, a, b in every.get(d, []) if a < end)
             away = _away(profiles[d], seed, d, end) if profiles is not None else []
             spans = [(a, b, s) for a, b, s in busy] + [(a, b, s) for s, a, b in away]
             spans = sorted((max(a, self.origin), b, s) for a, b, s in spans if b > self.origin)
