@@ -174,16 +174,21 @@ def _walk(d: dict[str, Any], names: tuple[str, ...]) -> Iterator[Node]:
         yield Node(child, kind, arr)
 
 
+def _child(names: tuple[str, ...], key: Any) -> tuple[str, ...]:
+    """The link names of ``key`` below ``names`` (keys of a checkpoint state must be str)."""
+    if not isinstance(key, str):
+        where = "/" + "/".join((*names, repr(key)))
+        raise TypeError(f"checkpoint state {where}: keys must be str")
+    return (*names, escape_key(key))
+
+
 def _entries(
     d: dict[str, Any], names: tuple[str, ...]
 ) -> Iterator[tuple[tuple[str, ...], str, np.ndarray | None]]:
     """(link names, kind, data) of every entry below ``d`` in depth-first dict order (groups,
     with data None, before their children): :func:`plan_state`'s walk, without the nodes."""
     for key, value in d.items():
-        if not isinstance(key, str):
-            where = "/" + "/".join((*names, repr(key)))
-            raise TypeError(f"checkpoint state {where}: keys must be str")
-        child = (*names, escape_key(key))
+        child = _child(names, key)
         if isinstance(value, dict):
             yield child, "group", None
             yield from _entries(value, child)
@@ -328,10 +333,7 @@ def plan_tables(state: dict[str, Any], min_rows: int) -> list[Node | Table]:
 
 def _plan(d: dict[str, Any], names: tuple[str, ...], min_rows: int, out: list) -> None:
     for key, value in d.items():
-        if not isinstance(key, str):
-            where = "/" + "/".join((*names, repr(key)))
-            raise TypeError(f"checkpoint state {where}: keys must be str")
-        child = (*names, escape_key(key))
+        child = _child(names, key)
         if isinstance(value, dict):
             out.append(Node(child, "group"))
             table = _as_table(value, child, min_rows)
