@@ -57,3 +57,29 @@ def test_systems_pfl_without_pfl_is_one_clear_line(python):
         f"edgefl: error: --systems pfl: pfl is not importable by {python} "
         "(pip install 'pfl[pytorch]==0.6.0' there, or pass --pfl-python)"
     )
+
+
+@pytest.mark.parametrize("job", ["mlp", "cnn"])
+def test_other_jobs_are_valid_configs_and_their_plain_loop_runs(job):
+    """``--job mlp|cnn``: the config loads, and the plain loop (fedavg_loop: SGD
+    mini-batches as the config says) trains it, reporting its rate and accuracy."""
+    from edgefl.config import load_config
+
+    args = type("A", (), {"seed": 0, "rounds": 2, "ranks": 3, "job": job, "kernels": "native"})
+    cfg = scale.bench_config(args(), 6)
+    c = load_config(doc=cfg)
+    assert c["fleet"]["devices"] == 6 and c["run"]["kernels"] == "native"
+    assert c["model"]["name"] == job and c["train"]["batch_size"] == 32
+    got = scale.plain_loop(cfg)
+    assert got["rounds_per_s"] > 0 and got["cpu_s_per_round"] > 0
+    assert 0.0 <= got["final_accuracy"] <= 1.0
+    assert scale.data_bytes_per_device(cfg) > 0
+
+
+def test_the_loop_runs_the_kernels_edgefl_runs():
+    from edgefl import kernels
+
+    portable = scale.loop_env("portable")
+    native = scale.loop_env("native")
+    for key, value in kernels.portable_env().items():
+        assert portable[key] == value and key not in native

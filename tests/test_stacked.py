@@ -35,10 +35,11 @@ def _gens(task: int = 0) -> list[torch.Generator]:
     return [torch.Generator().manual_seed(1000 * d + task) for d in range(K)]
 
 
-def _sequential(model, X, Y, *, lr, epochs, steps, batch_size, momentum, weight_decay):
+def _sequential(model, X, Y, *, lr, epochs, steps, batch_size, momentum, weight_decay,
+                gens=None):  # fmt: skip
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     out, losses = [], []
-    for d, g in enumerate(_gens()):
+    for d, g in enumerate(gens or _gens()):
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(start[n])
@@ -190,3 +191,57 @@ def test_plan_steps_is_the_one_step_count_of_both_paths():
 
     assert plan_steps(2, 0, 4, 10)[1] == 6 and plan_steps(1, 5, 0, 10)[1] == 5
     assert plan_steps(1, 0, 0, 10) == (10, 1) and plan_steps(1, 0, 4, 0) == (0, 0)
+
+
+RAGGED = [
+    ("logreg", dict(lr=0.1, epochs=2, steps=0, batch_size=4, momentum=0.0, weight_decay=0.0)),
+    ("mlp", dict(lr=0.05, epochs=1, steps=0, batch_size=5, momentum=0.9, weight_decay=1e-3)),
+    ("mlp", dict(lr=0.05, epochs=0, steps=7, batch_size=6, momentum=0.5, weight_decay=0.0)),
+]
+COUNTS = [23, 9, 17, 12, 23, 7]  # (each device's own examples: the first COUNTS[d] of X[d])
+
+
+@pytest.mark.parametrize("kind, opts", RAGGED)
+def test_devices_of_different_sizes_train_in_one_stack_as_one_by_one(kind, opts):
+    """Padded to the largest with masks: each device as the sequential trainer trains it on
+    its own examples (its own batches, its short last batch, its own number of steps)."""
+    X, Y = _data(3)
+    model = _model(kind)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    got, losses = fit_stacked(model, start, X, Y, generators=_gens(),
+                              loss=nn.functional.cross_entropy, counts=COUNTS, **opts)  # fmt: skip
+    for d, n in enumerate(COUNTS):
+        _, want, want_loss = _sequential(model, X[d : d + 1, :n], Y[d : d + 1, :n],
+                                         gens=[_gens()[d]], **opts)  # fmt: skip
+        for name in start:
+            scale = want[0][name].abs().max()
+            assert (got[name][d] - want[0][name]).abs().max() <= 1e-5 * scale, (d, name)
+        assert abs(float(losses[d]) - want_loss[0]) <= 1e-5 * abs(want_loss[0])
+
+
+def test_a_padded_devices_result_does_not_depend_on_its_stack_or_its_padding():
+    """The same device alone, with others, and padded wider: bit for bit the same."""
+    X, Y = _data(5)
+    model = _model("mlp")
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opts = dict(loss=nn.functional.cross_entropy, lr=0.1, epochs=2, batch_size=4, momentum=0.5)
+    full, _ = fit_stacked(model, start, X, Y, generators=_gens(), counts=COUNTS, **opts)
+    for sub in ([1], [1, 5], [0, 1, 3]):
+        gens = [_gens()[i] for i in sub]
+        width = max(COUNTS[i] for i in sub)  # (the padding: only as wide as this stack needs)
+        part, _ = fit_stacked(model, start, X[sub, :width], Y[sub, :width], generators=gens,
+                              counts=[COUNTS[i] for i in sub], **opts)  # fmt: skip
+        assert all(torch.equal(full[n][1], part[n][sub.index(1)]) for n in start), sub
+
+
+def test_counts_need_mini_batches_and_the_cross_entropy():
+    X, Y = _data(0)
+    model = _model("logreg")
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ce = nn.functional.cross_entropy
+    with pytest.raises(ValueError, match="batch_size"):  # full batch: stacks of one size
+        fit_stacked(model, start, X, Y, generators=_gens(), loss=ce, lr=0.1, epochs=1,
+                    counts=COUNTS)  # fmt: skip
+    with pytest.raises(ValueError, match="cross-entropy"):
+        fit_stacked(model, start, X, Y.float(), generators=_gens(), lr=0.1, epochs=1,
+                    batch_size=4, counts=COUNTS, loss=nn.functional.mse_loss)  # fmt: skip

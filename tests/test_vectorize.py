@@ -140,6 +140,16 @@ def test_take_group_stops_at_the_first_task_that_differs():
     assert stacking.take_group(q, lambda item: True, {0: None}.get, dev) == []  # not tensors
     flush = deque([(0, 1, 3, TaskSpec(flags=4)), (1, 1, 3, TaskSpec(flags=4))])
     assert stacking.take_group(flush, lambda item: True, sizes.get, dev) == []
+    # mini-batches a stack can pad: sizes may differ, up to the budget of the largest
+    mixed = {0: 40, 1: 33, 2: 90, 3: 20}
+    ragged = lambda n, spec: 32 < n  # noqa: E731  (batches of 32: a device of 20 is one batch)
+    q = deque([(d, 1, 3, TaskSpec()) for d in range(4)])
+    got = stacking.take_group(q, lambda item: True, mixed.get, dev, ragged=ragged)
+    assert [d for d, *_ in got] == [0, 1, 2] and [d for d, *_ in q] == [3]
+    q = deque([(d, 1, 3, TaskSpec()) for d in range(3)])
+    budget = lambda n: 2 if n > 80 else 8  # noqa: E731
+    got = stacking.take_group(q, lambda item: True, mixed.get, dev, budget, ragged)
+    assert [d for d, *_ in got] == [0, 1] and [d for d, *_ in q] == [2]
 
 
 @pytest.mark.mpi

@@ -339,12 +339,35 @@ def loop_main(conf: str, marks_file: str) -> int:
     import torch
 
     from ..config import load_config
+
+    marks["imported"] = time.time()
+    c = load_config(conf)
+
+    def on_round(r: int) -> None:
+        marks["built" if r < 0 else "round1" if r == 0 else "last_round"] = time.time()
+
+    model, acc = fedavg_loop(c, on_round)
+    marks.setdefault("last_round", marks["round1"])
+    torch.save(model.state_dict(), Path(marks_file).with_name("final_model.pt"))
+    marks["saved"] = time.time()
+    marks["accuracy"] = acc
+    Path(marks_file).write_text(json.dumps(marks))
+    return 0
+
+
+def fedavg_loop(c: dict, on_round) -> tuple:
+    """The plain loop's job: FedAvg of the effective config ``c`` (a classification job
+    trained with SGD: ``train.lr``, ``momentum``, ``weight_decay``, ``batch_size``,
+    ``local_epochs``/``local_steps``) in this process on ``fleet.threads`` threads, every
+    device every round. ``on_round(r)`` is called once the data and model are built (``r``
+    = -1) and after each round ``r`` (0-based). Returns (the model, the final test
+    accuracy)."""
+    import torch
+
     from ..data import load_federated
     from ..models import build_model
     from .rounds import fedavg_round
 
-    marks["imported"] = time.time()
-    c = load_config(conf)
     torch.set_num_threads(c["fleet"]["threads"])
     n_dev, seed, tr = c["fleet"]["devices"], c["seed"], c["train"]
     data = load_federated(c["data"]["source"], dict(c["data"]["args"]), n_dev, seed)
@@ -358,7 +381,7 @@ def loop_main(conf: str, marks_file: str) -> int:
     xt, yt = data.test().tensors
     gen = torch.Generator().manual_seed(seed)
     loss_fn = torch.nn.functional.cross_entropy
-    marks["built"] = time.time()
+    on_round(-1)
 
     def train(d: int) -> None:
         opt = torch.optim.SGD(
@@ -373,13 +396,8 @@ def loop_main(conf: str, marks_file: str) -> int:
     acc = float("nan")
     for r in range(c["run"]["rounds"]):
         acc = fedavg_round(model, glob, ns, train, (xt, yt))
-        marks["round1" if r == 0 else "last_round"] = time.time()
-    marks.setdefault("last_round", marks["round1"])
-    torch.save(model.state_dict(), Path(marks_file).with_name("final_model.pt"))
-    marks["saved"] = time.time()
-    marks["accuracy"] = acc
-    Path(marks_file).write_text(json.dumps(marks))
-    return 0
+        on_round(r)
+    return model, acc
 
 
 def _batches(n: int, batch_size: int, epochs: int, steps: int, gen):

@@ -115,7 +115,11 @@ def _free(req: MPI.Request) -> None:
 
 REAP_AT = 64  # pending sends that make a send reap the completed ones (at least)
 REAP_EVERY_S = 0.01  # with more pending, a poll reaps at most this often (seconds)
-BUNDLE_MAX = 8192  # header-only messages in one BUNDLE at most
+BUNDLE_MAX = 8192  # a BUNDLE goes out once it holds this many messages (its receiver
+# starts on the first ones while the sender makes the next: a worker trains a first stack
+# while rank 0 is still dispatching the round)
+BUNDLE_BYTES = 4 << 20  # a BUNDLE goes out once its messages hold this many bytes
+BUNDLE_PAYLOAD_MAX = 1 << 20  # a larger payload of a bundled kind is sent on its own
 
 
 class MPITransport(Transport):
@@ -159,6 +163,7 @@ class MPITransport(Transport):
             raise ValueError(f"chunk_bytes must be in (0, 2**31), got {chunk_bytes}")
         self.comm = comm
         self.chunk_bytes = chunk_bytes
+        self._bundle_max = min(BUNDLE_PAYLOAD_MAX, chunk_bytes)  # largest bundled payload
         self.validator.chunk_bytes = chunk_bytes
         self.payload_timeout_s = payload_timeout_s
         self.peers = (
@@ -193,11 +198,14 @@ class MPITransport(Transport):
         # reap left (at least REAP_AT), so a burst of sends to busy ranks (10,000 TRAINs
         # of a BSP round) costs amortized O(1) per send, not a test of every pending one
         self._reap_at = REAP_AT
-        # header-only messages of these kinds to one rank go out as one BUNDLE (at the next
-        # poll, wait_sends or other send to that rank): a BSP round's thousands of TRAINs
-        # reach a worker together, in order, as one MPI message (train.vectorize)
+        # messages of these kinds to one rank go out as one BUNDLE (at the next poll,
+        # wait_sends or other send to that rank): a BSP round's thousands of TRAINs reach
+        # a worker together, in order, as one MPI message, and a stack's UPDATEs reach rank
+        # 0 so (train.vectorize)
         self.bundle_kinds: frozenset[int] = frozenset()
         self._bundles: dict[int, list[bytes]] = {}
+        self._bundle_bytes: dict[int, int] = {}  # bytes bundled per destination
+        self._bundle_count: dict[int, int] = {}  # messages bundled per destination
         # sends to dead ranks: kept referenced (MPI may still hold their buffers), never waited
         self._abandoned: list[tuple[list[MPI.Request], tuple]] = []
         self._ulfm = True  # False once the library turned out not to offer Ack/Get_failed
@@ -244,6 +252,8 @@ class MPITransport(Transport):
             if release is not None:
                 release()
             return seq
+        if kind in self.bundle_kinds and (payload is None or payload.nbytes <= self._bundle_max):
+            return self._bundle(dest, kind, device, seq, round, vtime, aux, payload, release)
         code = nchunks = nbytes = flags = 0
         reqs: list[MPI.Request] = []
         if payload is not None:
@@ -277,8 +287,6 @@ class MPITransport(Transport):
             self._seq[key] = seq
         if len(aux) != 4:
             aux = (*aux, 0.0, 0.0, 0.0, 0.0)[:4]
-        if payload is None and kind in self.bundle_kinds:
-            return self._bundle(dest, kind, device, seq, round, vtime, aux)
         if dest in self._bundles:  # (what was bundled for it before goes first)
             self._flush_bundle(dest)
         free = self._hsend.get(dest)
@@ -329,25 +337,55 @@ class MPITransport(Transport):
             self._reap_at = max(REAP_AT, 2 * self._npending)
         return seq
 
-    def _bundle(self, dest, kind, device, seq, round_, vtime, aux) -> int:
-        """Keep a header-only message for ``dest``'s next BUNDLE; returns its sequence
-        number. Counted as sent now (its header's bytes)."""
+    def _bundle(self, dest, kind, device, seq, round_, vtime, aux, payload, release) -> int:
+        """Keep a message for ``dest``'s next BUNDLE: its header, then its payload (if any:
+        one chunk, padded to 8 bytes); returns its sequence number. Counted as sent now
+        (its header's and payload's bytes, as if it went alone); the payload is copied, so
+        ``release`` is called at once."""
+        code = nbytes = 0
+        data = b""
+        if payload is not None:
+            if payload.ndim != 1 or not payload.flags.c_contiguous:
+                payload = np.ascontiguousarray(payload).reshape(-1)
+            dt = payload.dtype
+            code = _F32 if dt is _F32_NP else CODE_OF_DTYPE_STR.get(dt.str)
+            if code is None:
+                raise WireError(f"unsupported payload dtype {dt}")
+            nbytes = payload.nbytes
+            data = payload.tobytes() + bytes(-nbytes % 8)
+        if seq is None:
+            key = (dest, device, kind)
+            seq = self._seq.get(key, 0) + 1
+            self._seq[key] = seq
+        if len(aux) != 4:
+            aux = (*aux, 0.0, 0.0, 0.0, 0.0)[:4]
         hdr = _pack(
-            MAGIC, VERSION, int(kind), int(device), 0, 0, 0, int(seq), int(round_),
-            float(vtime), 0, *(float(a) for a in aux),
+            MAGIC, VERSION, int(kind), int(device), code, 0, 1 if nbytes else 0, int(seq),
+            int(round_), float(vtime), nbytes, *(float(a) for a in aux),
         )  # fmt: skip
         got = self._bundles.setdefault(dest, [])
         got.append(hdr)
+        size = self._bundle_bytes.get(dest, 0) + HEADER_BYTES
+        if data:
+            got.append(data)
+            size += len(data)
+        self._bundle_bytes[dest] = size
+        self._bundle_count[dest] = count = self._bundle_count.get(dest, 0) + 1
+        if release is not None:
+            release()
         self.stats.msgs_sent[dest] += 1
-        self.stats.bytes_sent[dest] += HEADER_BYTES
-        if len(got) >= BUNDLE_MAX:
+        self.stats.bytes_sent[dest] += HEADER_BYTES + nbytes
+        if count >= BUNDLE_MAX or size >= BUNDLE_BYTES:
             self._flush_bundle(dest)
         return seq
 
     def _flush_bundle(self, dest: int) -> None:
         """Send what is bundled for ``dest`` as one BUNDLE. Its messages were counted as
-        sent (their headers' bytes); the BUNDLE adds its own header's bytes, no message."""
+        sent (their headers' and payloads' bytes); the BUNDLE adds its own header's bytes,
+        no message."""
         got = self._bundles.pop(dest, None)
+        self._bundle_bytes.pop(dest, None)
+        self._bundle_count.pop(dest, None)
         if not got:
             return
         payload = np.frombuffer(b"".join(got), _U8)
@@ -686,39 +724,64 @@ class MPITransport(Transport):
 
     def _unbundle(self, src: int, bundle: Message) -> list[Message]:
         """The messages of a BUNDLE from ``src``, each checked as a header of its own
-        (magic, version, kind, no payload, duplicates); a malformed one is rejected, the
-        others are delivered. They are counted as received (their headers' bytes), and the
-        BUNDLE's own header's bytes, as the sender counts them."""
+        (magic, version, kind, dtype, size, duplicates) and followed by its payload if its
+        header announces one (one chunk, padded to 8 bytes). A message whose fields are
+        rejected is skipped and the others delivered; a header that cannot be read, or a
+        payload that runs past the BUNDLE's end, ends it (what follows cannot be framed).
+        They are counted as received (their headers' and payloads' bytes), and the
+        BUNDLE's own header's bytes, as the sender counts them. The payloads are views of
+        the BUNDLE's buffer (which then is not pooled)."""
         raw = bundle.payload
         stats, validator = self.stats, self.validator
         stats.msgs_recv[src] -= 1
         stats.bytes_recv[src] -= bundle.nbytes
         out: list[Message] = []
+        if raw is None:
+            self.reject(src, "BUNDLE without a payload")
+            return out
+        size = raw.nbytes
+        off = 0
+        viewed = False
         try:
-            if raw is None or raw.nbytes % HEADER_BYTES:
-                self.reject(src, f"BUNDLE of {bundle.nbytes} bytes: not whole headers")
-                return out
-            for off in range(0, raw.nbytes, HEADER_BYTES):
+            while off < size:
+                if size - off < HEADER_BYTES:
+                    self.reject(src, f"BUNDLE of {size} bytes: {size - off} bytes at its end")
+                    break
                 (magic, version, code, device, dtype, flags, nchunks, seq, round_, vtime,
                  nbytes, a0, a1, a2, a3) = _unpack_from(raw, off)  # fmt: skip
-                try:
-                    if magic != MAGIC or version != VERSION:
+                if magic != MAGIC or version != VERSION:
+                    try:
                         decode_header(raw[off : off + HEADER_BYTES].tobytes())
-                    if flags or nchunks or nbytes or code == Kind.BUNDLE:
-                        raise WireError("a bundled message must be header-only")
-                    kind = validator.check_fields(src, code, device, dtype, 0, 0)
+                    except WireError as e:
+                        self.reject(src, f"in a BUNDLE (the rest dropped): {e}")
+                    break
+                start = off + HEADER_BYTES
+                off = start + nbytes + (-nbytes % 8)
+                if nbytes < 0 or off > size:
+                    self.reject(src, f"in a BUNDLE (the rest dropped): a payload of {nbytes} "
+                                f"bytes past its end")  # fmt: skip
+                    break
+                try:
+                    if flags or code == Kind.BUNDLE or nchunks != (1 if nbytes else 0):
+                        raise WireError("a bundled message must be one chunk, not posted")
+                    kind = validator.check_fields(src, code, device, dtype, nchunks, nbytes)
                 except WireError as e:
                     self.reject(src, f"in a BUNDLE: {e}")
                     continue
                 stats.msgs_recv[src] += 1
-                stats.bytes_recv[src] += HEADER_BYTES
+                stats.bytes_recv[src] += HEADER_BYTES + nbytes
                 if validator.seen(src, device, code, seq):
                     stats.duplicates[src] += 1
                     continue
+                payload = None
+                if nbytes:
+                    payload = raw[start : start + nbytes].view(_ITEM[dtype])
+                    viewed = True
                 out.append(Message(kind, src, device, seq, round_, vtime, (a0, a1, a2, a3),
-                                   None, 0, False))  # fmt: skip
+                                   payload, nbytes, False))  # fmt: skip
         finally:
-            self.pool.put(raw)
+            if not viewed:
+                self.pool.put(raw)
         return out
 
     def _sort_out(self, e: MPI.Exception) -> list[tuple[int, int]]:

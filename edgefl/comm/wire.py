@@ -309,8 +309,8 @@ def kind_of(code: int) -> Kind | MessageKind:
 _ITEMSIZE = {int(d): t.itemsize for d, t in NUMPY_OF.items()}
 # (a STATE names its devices inside the payload; rank 0 checks them against the rank's)
 _UNCHECKED_DEVICE_KINDS = frozenset(
-    {int(Kind.REGISTER), int(Kind.ERROR), int(Kind.HEARTBEAT), int(Kind.STATE)}
-)
+    {int(Kind.REGISTER), int(Kind.ERROR), int(Kind.HEARTBEAT), int(Kind.STATE), int(Kind.BUNDLE)}
+)  # (a BUNDLE's messages are checked each, device included)
 
 
 class _Hosted(dict):

@@ -114,9 +114,13 @@ class _Source:
             if old is not None:
                 self.t.release(old)
             self.stash[key] = msg
+            self._stashed(key)
         else:
             log.warning("ignoring %s from rank %d", msg.kind.name, msg.src)
             self.t.release(msg)
+
+    def _stashed(self, key: tuple[int, int]) -> None:
+        """A task answer was stashed under ``key`` (a source that orders them hooks in)."""
 
     def release_all(self) -> None:
         for msg in self.stash.values():
@@ -174,6 +178,13 @@ class WallEvents(_Source):
         self.timers: list[tuple[float, int, int, int, int, int]] = []
         self.n = 0
         self.expected: set[tuple[int, int]] = set()
+        # the stash's keys as a heap (stale entries, taken or replaced, are skipped): the
+        # smallest expected one is found without sorting the stash at every event (a
+        # BUNDLE brings thousands of answers at once)
+        self._keys: list[tuple[int, int]] = []
+
+    def _stashed(self, key: tuple[int, int]) -> None:
+        heapq.heappush(self._keys, key)
 
     @property
     def now(self) -> float:
@@ -197,11 +208,11 @@ class WallEvents(_Source):
             if self.halt:
                 return None
             self.expected -= self.cancelled
-            for key in sorted(self.stash):
-                if key in self.expected:
-                    self.expected.discard(key)
-                    msg = self.stash.pop(key)
-                    return Event(self.now, ARRIVE, key[0], key[1], msg=msg)
+            key = self._first_expected()
+            if key is not None:
+                self.expected.discard(key)
+                msg = self.stash.pop(key)
+                return Event(self.now, ARRIVE, key[0], key[1], msg=msg)
             if self.timers and self.timers[0][0] <= self.now:
                 time_s, kind, device, task, token, _ = heapq.heappop(self.timers)
                 return Event(self.now, kind, device, task, token)
@@ -211,6 +222,27 @@ class WallEvents(_Source):
             if self.timers:
                 wait = max(0.0, min(wait, self.timers[0][0] - self.now))
             self.take(timeout=wait)
+
+    def _first_expected(self) -> tuple[int, int] | None:
+        """The smallest stashed key that is expected (None if none is): the stash's keys
+        in sorted order, as a heap; stashed keys not expected (yet) stay in it."""
+        keys, stash, expected = self._keys, self.stash, self.expected
+        skipped, found = [], None
+        seen = set()
+        while keys:
+            key = keys[0]
+            if key not in stash or key in seen:  # (taken, or a second entry of one key)
+                heapq.heappop(keys)
+                continue
+            if key in expected:
+                found = key
+                heapq.heappop(keys)
+                break
+            seen.add(key)
+            skipped.append(heapq.heappop(keys))
+        for key in skipped:
+            heapq.heappush(keys, key)
+        return found
 
 
 def error_text(msg: Message) -> str:

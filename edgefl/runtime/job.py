@@ -38,9 +38,10 @@ def _transport(cfg: dict, rank: int):
         payload_timeout_s=c["payload_timeout_s"],
         poll_max_s=c["poll_max_s"],
     )
-    if rank == 0 and cfg["train"]["vectorize"] != "off":
-        # a round's TRAINs reach a worker together: it trains them as one stack
-        t.bundle_kinds = frozenset({Kind.TRAIN})
+    if cfg["train"]["vectorize"] != "off":
+        # a round's TRAINs reach a worker together: it trains them as one stack; a stack's
+        # UPDATEs reach rank 0 together (one message, not two per device)
+        t.bundle_kinds = frozenset({Kind.TRAIN} if rank == 0 else {Kind.UPDATE})
     if rank == 0 and c["failure_timeout_s"] > 0:
         from ..comm.liveness import Liveness
 

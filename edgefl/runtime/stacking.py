@@ -124,15 +124,17 @@ def take_group(
     size_of: Callable[[int], int | None],
     torch_dev: dict[int, str],
     limit: Callable[[int], int] = lambda n: MAX_GROUP,
+    ragged: Callable[[int, TaskSpec], bool] = lambda n, spec: False,
 ) -> list[tuple[int, int, int, TaskSpec]]:
     """Pop the tasks at the head of ``queue`` ((device, task, version, spec) items) that
     train together with the first one: same version and spec with plain flags, ready,
-    the same torch device and the same training split size (``size_of(device)``: None
-    when the split is not a tensor dataset), at most ``limit(size)`` tasks (the memory
-    budget: :func:`stack_limit`). [] when the first task cannot train stacked
-    (it then trains alone); a group may be that one task: every task that can goes the
-    stacked way, so which tasks happen to be queued together does not change a model
-    (a device's result does not depend on the others in its stack)."""
+    the same torch device, and either the same training split size (``size_of(device)``:
+    None when the split is not a tensor dataset) or, when ``ragged(size, spec)`` says
+    both train in mini-batches that a stack can pad, any sizes; at most ``limit(largest
+    size)`` tasks (the memory budget: :func:`stack_limit`). [] when the first task cannot
+    train stacked (it then trains alone); a group may be that one task: every task that
+    can goes the stacked way, so which tasks happen to be queued together does not change
+    a model (a device's result does not depend on the others in its stack)."""
     if not queue or not ready(queue[0]):
         return []
     d0, _, v0, s0 = queue[0]
@@ -141,13 +143,21 @@ def take_group(
     n0 = size_of(d0)
     if n0 is None:
         return []
+    mixed = ragged(n0, s0)
+    largest = n0
     group = 1
-    while group < min(len(queue), limit(n0)):
+    while group < len(queue):
         item = queue[group]
         d, _, v, s = item
         same = (v, s.batch, s.flags, s.samples, s.arg) == (v0, s0.batch, 0, 0, 0)
-        if not same or torch_dev[d] != torch_dev[d0] or size_of(d) != n0 or not ready(item):
+        if not same or torch_dev[d] != torch_dev[d0] or not ready(item):
             break
+        n = size_of(d)
+        if n is None or (n != n0 and not (mixed and ragged(n, s))):
+            break
+        if group + 1 > limit(max(largest, n)):
+            break
+        largest = max(largest, n)
         group += 1
     return [queue.popleft() for _ in range(group)]
 
@@ -209,3 +219,35 @@ __all__ = [
     "take_group",
     "why_not",
 ]
+
+
+def stacked_deltas(got: dict, names: list[str], flat, start: np.ndarray) -> np.ndarray:
+    """Every device's update of a trained stack: ``(K, numel)`` float32, row ``i`` =
+    device ``i``'s trained parameters (``got``: name -> ``(K, *shape)``, laid out at
+    ``flat``'s offsets) minus ``start`` (the flat model the stack started from), the same
+    float32 subtraction as one device's ``flat.to_host() - start``. Float buffers (none in
+    a stack) are left as they were: their delta is 0."""
+    k = int(next(iter(got.values())).shape[0])
+    out = np.empty((k, start.size), np.float32)
+    for n, off in zip(names, flat.offsets, strict=False):
+        v = got[n].detach().reshape(k, -1)
+        out[:, off : off + v.shape[1]] = v.cpu().numpy()
+    out[:, flat.param_numel :] = start[flat.param_numel :]
+    np.subtract(out, start, out=out)
+    return out
+
+
+def padded(data: list, dev: str):
+    """The examples of devices of different sizes as one stack: ``(X, Y)`` of shapes ``(K,
+    n_max, ...)``, device ``i``'s own in the first ``len`` of row ``i``, zeros after (the
+    stacked step masks them)."""
+    import torch
+
+    k, n = len(data), max(len(y) for _, y in data)
+    x0, y0 = data[0]
+    X = torch.zeros((k, n, *x0.shape[1:]), dtype=x0.dtype)
+    Y = torch.zeros((k, n, *y0.shape[1:]), dtype=y0.dtype)
+    for i, (x, y) in enumerate(data):
+        X[i, : len(x)] = x
+        Y[i, : len(y)] = y
+    return X.to(dev), Y.to(dev)

@@ -29,7 +29,7 @@ from ..kernels import fingerprint as numerics_fingerprint
 from ..models import build_model
 from ..models.flat import FlatParams
 from ..models.train import local_train
-from ..seeding import SUBSET, TRAIN, derive_seed
+from ..seeding import SUBSET, TRAIN, derive_seed, derive_seeds
 from ..server import make_client
 from ..training import FitContext, FitTask, check_result, load_client, lr_at, resolve_loss
 from ..training.optim import optimizer_factory
@@ -147,8 +147,10 @@ class Worker:
         return self._free.pop() if self._free else np.empty_like(self.global_model)
 
     def free(self, buf: np.ndarray) -> None:
-        """Give a buffer from :meth:`buffer` back (once nothing reads it any more)."""
-        self._free.append(buf)
+        """Give a buffer from :meth:`buffer` back (once nothing reads it any more); a view
+        (a row of a stack's deltas) is not kept."""
+        if buf.base is None:
+            self._free.append(buf)
 
     def model_on(self, dev: str) -> tuple[torch.nn.Module, FlatParams]:
         """This rank's model instance on torch device ``dev`` (and its flat view)."""
@@ -503,22 +505,32 @@ class Worker:
             mb = self.cfg["train"]["vectorize_mb"]
             return stacking.stack_limit(mb, self.task.flat.param_numel, n, self._sample_numel)
 
-        return stacking.take_group(self.queue, self._ready, size_of, self.torch_dev, limit)
+        from ..training.stacked import masks_supported
+
+        masks = masks_supported(self.loss)
+
+        def ragged(n: int, spec: TaskSpec) -> bool:  # (mini-batches: a stack pads sizes)
+            bs = spec.batch or self.cfg["train"]["batch_size"]
+            return masks and 0 < bs < n
+
+        return stacking.take_group(self.queue, self._ready, size_of, self.torch_dev, limit,
+                                   ragged)  # fmt: skip
 
     def _train_group(self, items: list[tuple[int, int, int, TaskSpec]]) -> None:
         """Train ``items`` (:func:`.stacking.take_group`) as one stack, then each goes on as
         a task trained alone does (``after_train``, the update pipeline, its UPDATE)."""
-        from ..training.stacked import fit_stacked
+        from ..training.stacked import fit_stacked, masks_supported
 
         version = items[0][2]
         jobs = []
-        for device, task, v, spec in items:
+        seeds = derive_seeds(self.cfg["seed"], [i[0] for i in items], [i[1] for i in items], TRAIN)
+        for (device, task, v, spec), seed in zip(items, seeds.tolist(), strict=True):
             self.doing = f"training device {device} (task {task}, model version {v}, stacked)"
             if self._snap:
                 self.snapshots[device] = (task, devstate.snapshot(self, device))
             self.debug.before_task()
             st = self._local_state(device, v, spec.flags)
-            job, _ = self._job(device, task, v, spec, st)
+            job, _ = self._job(device, task, v, spec, st, seed)
             job.new_model = True
             for p in self.plugins:
                 p.before_train(device, job)
@@ -529,15 +541,24 @@ class Worker:
         flat.from_host(self.versions[version])
         start = {n: p.detach().clone() for n, p in model.named_parameters()}
         data = [as_tensors(j.dataset) for j in jobs]
-        sizes = {None if xy is None else len(xy[0]) for xy in data}
-        if len(sizes) != 1 or None in sizes:
+        if any(xy is None for xy in data):
             raise RuntimeError(
                 f"rank {self.rank}: devices {[j.device for j in jobs]} were grouped to train "
-                "stacked but their training data are not tensors of one size"
+                "stacked but their training data are not tensors"
             )
-        X = torch.stack([x for x, _ in data]).to(dev)
-        Y = torch.stack([y for _, y in data]).to(dev)
         ft, tr = jobs[0].fit_task, self.cfg["train"]
+        counts = [len(y) for _, y in data]
+        ragged = masks_supported(self.loss) and 0 < ft.batch_size < min(counts)
+        if ragged or len(set(counts)) > 1:
+            if not ragged:
+                raise RuntimeError(
+                    f"rank {self.rank}: devices {[j.device for j in jobs]} of different "
+                    "sizes were grouped to train stacked in full batches"
+                )
+            X, Y = stacking.padded(data, dev)
+        else:
+            X = torch.stack([x for x, _ in data]).to(dev)
+            Y = torch.stack([y for _, y in data]).to(dev)
         names = [n for n, _ in model.named_parameters()]
         mu, corr = stacking.gradient_terms(
             jobs, self.versions[version][: flat.param_numel], names,
@@ -549,22 +570,33 @@ class Worker:
             lr=ft.lr, epochs=ft.epochs, steps=ft.steps, batch_size=ft.batch_size,
             momentum=tr["momentum"], weight_decay=tr["weight_decay"], prox_mu=mu,
             corrections=None if corr is None else {n: c.to(dev) for n, c in corr.items()},
+            counts=counts if ragged else None,
         )  # fmt: skip
         if dev.startswith("cuda"):
             torch.cuda.synchronize(dev)
         seconds = (time.perf_counter() - t0) / len(jobs)
+        steps = {n: plan_steps(ft.epochs, ft.steps, ft.batch_size, n)[1] for n in set(counts)}
+        loss_of = losses.tolist()
+        deltas = None
+        if all(type(p).after_train is WorkerPlugin.after_train for p in self.plugins):
+            # no plugin looks at a device's trained model: every delta at once, each a
+            # row of one array (not a pooled buffer: see free), the model left alone
+            deltas = stacking.stacked_deltas(got, names, flat, self.versions[version])
         for i, job in enumerate(jobs):
             self.doing = f"training device {job.device} (task {job.task}, stacked)"
-            with torch.no_grad():
-                for n, p in zip(names, model.parameters(), strict=True):
-                    p.copy_(got[n][i])
-            job.fit_ctx.steps = plan_steps(ft.epochs, ft.steps, ft.batch_size, len(job.dataset))[1]
-            for p in self.plugins:
-                p.after_train(job.device, job)
-            delta = self.buffer()
-            np.subtract(flat.to_host(), self.versions[version], out=delta)
+            job.fit_ctx.steps = steps[counts[i]]
+            if deltas is None:
+                with torch.no_grad():
+                    for n, p in zip(names, model.parameters(), strict=True):
+                        p.copy_(got[n][i])
+                for p in self.plugins:
+                    p.after_train(job.device, job)
+                delta = self.buffer()
+                np.subtract(flat.to_host(), self.versions[version], out=delta)
+            else:
+                delta = deltas[i]
             self.debug.alter(job.device, delta)
-            job.aux = (float(self.data.num_samples(job.device)), float(losses[i]), seconds, 0.0)
+            job.aux = (float(self.data.num_samples(job.device)), loss_of[i], seconds, 0.0)
             self._send_update(job.device, job, delta)
         self.stacked_tasks += len(jobs)
         log.debug("rank %d: trained %d tasks stacked", self.rank, len(jobs))
@@ -577,9 +609,11 @@ class Worker:
         if not self._encode(Upload(device, task, zeros, aux, flush=True), None):
             self.t.send(0, Kind.UPDATE, device=device, round=task, aux=aux, payload=zeros)
 
-    def _job(self, device: int, task: int, version: int, spec: TaskSpec, st: _LocalState):
+    def _job(self, device: int, task: int, version: int, spec: TaskSpec, st: _LocalState,
+             seed: int | None = None):  # fmt: skip
         """The task's model (set to its start), its training examples (a seeded subset when
-        ``spec.samples`` asks for fewer) and the held-out split (a gate's, else None)."""
+        ``spec.samples`` asks for fewer) and the held-out split (a gate's, else None).
+        ``seed``: the seed of its training stream if already derived (a stack's, at once)."""
         dev = self.torch_dev[device]
         model, flat = self.model_on(dev)
         flat.from_host(st.params if self.gated else self.versions[version])
@@ -596,7 +630,9 @@ class Worker:
             c["local_epochs"], c["local_steps"], spec.batch or c["batch_size"],
             lr_at(c, self.cfg["run"]["rounds"], version), spec.samples, None, version,
         )  # fmt: skip
-        gen = torch.Generator().manual_seed(derive_seed(self.cfg["seed"], device, task, TRAIN))
+        if seed is None:
+            seed = derive_seed(self.cfg["seed"], device, task, TRAIN)
+        gen = torch.Generator().manual_seed(seed)
         job.fit_ctx = FitContext(
             device, task, version, gen, dev, self.loss, self.make_optimizer, start
         )  # fmt: skip

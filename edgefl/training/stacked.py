@@ -13,6 +13,14 @@ trainer draws it (``torch.randperm(n, generator=g)`` per epoch). The devices of 
 hold the same number of examples and use the same batch size, so every step stacks
 batches of one shape (group devices by size before calling; see :func:`groups`).
 
+Devices of different sizes (``counts``): with mini-batches (a batch size below every
+device's number of examples) one stack holds them all, padded to the largest: each step
+takes every device's next batch of its own order, the short last batch of an epoch padded
+with masked examples, and a device that has taken all its steps stands still while the
+others go on. A device's arithmetic is then the same whatever else is in its stack (its
+batches are ``batch_size`` wide, padding and all), so the model does not depend on how the
+devices are grouped. Full-batch devices train in stacks of one size (see :func:`groups`).
+
 What it covers: models whose forward pass ``torch.func`` can transform, without buffers
 (no BatchNorm yet); the configured loss as ``loss(output, target)`` (a mean); SGD with
 momentum and weight decay as ``torch.optim.SGD`` computes it. Numerics: the same
@@ -63,6 +71,55 @@ def _per_device_loss(loss: Callable) -> Callable[[torch.Tensor, torch.Tensor], t
     return vmap(loss)
 
 
+def masks_supported(loss: Callable) -> bool:
+    """Whether :func:`fit_stacked` can take a stack of devices of different sizes with
+    ``loss`` (it needs each example's loss: the built-in cross-entropy on class logits)."""
+    import torch.nn.functional as F
+
+    from .losses import CrossEntropy
+
+    return loss is F.cross_entropy or (isinstance(loss, CrossEntropy) and loss.task != "lm")
+
+
+def _masked_ce(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each device's mean cross-entropy over its real examples: ``out`` ``(K, b,
+    classes)``, ``y`` and ``mask`` ``(K, b)`` (1 real, 0 padding); 0 for a device with
+    none (it stands still this step)."""
+    import torch.nn.functional as F
+
+    each = F.cross_entropy(out.transpose(1, 2), y, reduction="none")
+    return (each * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+
+def _ragged_orders(counts: Sequence[int], bs: int, epochs: int, steps: int,
+                   generators: Sequence[torch.Generator]):  # fmt: skip
+    """The steps of devices of different sizes: ``(idx, mask, active)`` with ``idx`` and
+    ``mask`` ``(T, K, bs)`` (example indices, 1 for a real example) and ``active`` ``(T,
+    K)`` (the device takes step ``t``), ``T`` the most steps of any device; each device's
+    epochs in its own ``randperm`` order, drawn as the sequential trainer draws them."""
+    k = len(counts)
+    totals = [plan_steps(epochs, steps, bs, int(n))[1] for n in counts]
+    t_max = max(totals, default=0)
+    idx = torch.zeros(t_max, k, bs, dtype=torch.long)
+    mask = torch.zeros(t_max, k, bs)
+    for i, (n, g, total) in enumerate(zip(counts, generators, totals, strict=True)):
+        n = int(n)
+        per_epoch = -(-n // bs)
+        pad = per_epoch * bs - n
+        t = 0
+        while t < total:
+            perm = torch.randperm(n, generator=g)
+            take = min(per_epoch, total - t)
+            idx[t : t + take, i] = torch.cat([perm, perm.new_zeros(pad)]).view(per_epoch, bs)[:take]
+            m = torch.ones(per_epoch * bs)
+            if pad:
+                m[n:] = 0.0
+            mask[t : t + take, i] = m.view(per_epoch, bs)[:take]
+            t += take
+    active = torch.arange(t_max).unsqueeze(1) < torch.tensor(totals).unsqueeze(0)
+    return idx, mask, active
+
+
 def _orders(n: int, bs: int, total: int, generators: Sequence[torch.Generator]):
     """Per step, the stacked example indices of every device: ``(devices, batch)`` long
     tensors, each device's epochs in its own ``randperm`` order (full batch: no draw)."""
@@ -97,6 +154,7 @@ def fit_stacked(
     weight_decay: float = 0.0,
     prox_mu: float = 0.0,
     corrections: dict[str, torch.Tensor] | None = None,
+    counts: Sequence[int] | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Train ``K = X.shape[0]`` devices from the parameters ``start`` (name -> tensor, the
     model's shapes) on their own examples; returns (the trained parameters stacked along a
@@ -116,6 +174,11 @@ def fit_stacked(
             gradient hook :func:`edgefl.algorithms.fedprox.proximal_hook` adds).
         corrections: SCAFFOLD's ``c - c_i`` per device (name -> ``(K, *shape)``), added to
             every gradient (as :func:`edgefl.algorithms.scaffold.correction_hook`).
+        counts: each device's number of examples when they differ (the first
+            ``counts[i]`` of ``X[i]`` are its own, the rest padding); needs mini-batches
+            (``0 < batch_size < min(counts)``) and a loss :func:`masks_supported` takes.
+            Given, every step is ``batch_size`` wide with masks, even when the counts are
+            equal (the same arithmetic for a device in any stack).
 
     The per-device terms are added after ``backward()`` and before the step, where the
     sequential path runs the plugins' gradient hooks; the loss reported is the task loss.
@@ -130,6 +193,15 @@ def fit_stacked(
         )
     if any(True for _ in model.buffers()):
         raise ValueError("fit_stacked: models with buffers (BatchNorm) are not supported yet")
+    if counts is not None:
+        if len(counts) != k or not 0 < batch_size < min(counts) or max(counts) > n:
+            raise ValueError(
+                f"fit_stacked: counts of {k} devices need 0 < batch_size < every count <= "
+                f"{n}, got batch_size {batch_size} and counts from {min(counts, default=0)} "
+                f"to {max(counts, default=0)} ({len(counts)} of them)"
+            )
+        if not masks_supported(loss):
+            raise ValueError("fit_stacked: counts need the built-in cross-entropy loss")
     bs, total = plan_steps(epochs, steps, batch_size, n)
     if total == 0:
         return {name: p.expand(k, *p.shape).clone() for name, p in start.items()}, torch.zeros(k)
@@ -146,13 +218,28 @@ def fit_stacked(
             g = torch.autograd.grad(values.sum(), list(p.values()))
         return dict(zip(p, g, strict=True)), values.detach()
 
+    def masked_grad_and_loss(params: dict[str, torch.Tensor], xb, yb, mb):
+        p = {name: v.detach().requires_grad_(True) for name, v in params.items()}
+        with torch.enable_grad():
+            values = _masked_ce(forward(p, xb), yb, mb)
+            g = torch.autograd.grad(values.sum(), list(p.values()))
+        return dict(zip(p, g, strict=True)), values.detach()
+
     params = {name: p.detach().expand(k, *p.shape).clone() for name, p in start.items()}
     bufs: dict[str, torch.Tensor] | None = None
     losses = []
     rows = torch.arange(k).unsqueeze(1)
-    for idx in _orders(n, bs, total, generators):
-        xb, yb = (X, Y) if bs >= n else (X[rows, idx], Y[rows, idx])  # (full batch: as is)
-        g, value = grad_and_loss(params, xb, yb)
+    if counts is not None:
+        idx_all, mask_all, active = _ragged_orders(counts, batch_size, epochs, steps, generators)
+        plan = [(idx_all[t], mask_all[t], active[t]) for t in range(len(active))]
+    else:
+        plan = [(idx, None, None) for idx in _orders(n, bs, total, generators)]
+    for idx, mb, act in plan:
+        xb, yb = (X, Y) if bs >= n and mb is None else (X[rows, idx], Y[rows, idx])
+        if mb is None:
+            g, value = grad_and_loss(params, xb, yb)
+        else:
+            g, value = masked_grad_and_loss(params, xb, yb, mb)
         losses.append(value)
         with torch.no_grad():
             if prox_mu:
@@ -161,15 +248,32 @@ def fit_stacked(
                 g = {name: g[name] + corrections[name] for name in g}
             if weight_decay:
                 g = {name: g[name] + weight_decay * params[name] for name in params}
+            still = None if act is None or bool(act.all()) else ~act  # (devices done)
             if momentum:
                 if bufs is None:
                     bufs = {name: v.clone() for name, v in g.items()}
-                else:
+                elif still is None:
                     for name in bufs:
                         bufs[name].mul_(momentum).add_(g[name])
+                else:
+                    for name in bufs:
+                        new_buf = bufs[name] * momentum + g[name]
+                        bufs[name] = torch.where(_along(still, new_buf), bufs[name], new_buf)
                 g = bufs
-            params = {name: params[name] - lr * g[name] for name in params}
-    return params, torch.stack(losses).mean(0)
+            new = {name: params[name] - lr * g[name] for name in params}
+            if still is not None:
+                new = {name: torch.where(_along(still, v), params[name], v)
+                       for name, v in new.items()}  # fmt: skip
+            params = new
+    if counts is None:
+        return params, torch.stack(losses).mean(0)
+    stepped = active.to(torch.float32)
+    return params, (torch.stack(losses) * stepped).sum(0) / stepped.sum(0).clamp(min=1.0)
 
 
-__all__ = ["fit_stacked", "groups"]
+def _along(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Per-device ``flags`` ``(K,)`` shaped to broadcast over ``like`` ``(K, ...)``."""
+    return flags.view(-1, *([1] * (like.dim() - 1)))
+
+
+__all__ = ["fit_stacked", "groups", "masks_supported"]
