@@ -115,7 +115,7 @@ def _free(req: MPI.Request) -> None:
 
 REAP_AT = 64  # pending sends that make a send reap the completed ones (at least)
 REAP_EVERY_S = 0.01  # with more pending, a poll reaps at most this often (seconds)
-BUNDLE_MAX = 8192  # a BUNDLE goes out once it holds this many messages (its receiver
+BUNDLE_MAX = 512  # a BUNDLE goes out once it holds this many messages (its receiver
 # starts on the first ones while the sender makes the next: a worker trains a first stack
 # while rank 0 is still dispatching the round)
 BUNDLE_BYTES = 4 << 20  # a BUNDLE goes out once its messages hold this many bytes
