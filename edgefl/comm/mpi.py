@@ -113,6 +113,18 @@ def _free(req: MPI.Request) -> None:
         pass
 
 
+def _wire_payload(payload: np.ndarray) -> tuple[np.ndarray, int]:
+    """``payload`` as one contiguous 1-D array, and its dtype code (a WireError for a dtype
+    the wire has no code for)."""
+    if payload.ndim != 1 or not payload.flags.c_contiguous:
+        payload = np.ascontiguousarray(payload).reshape(-1)
+    dt = payload.dtype
+    code = _F32 if dt is _F32_NP else CODE_OF_DTYPE_STR.get(dt.str)
+    if code is None:
+        raise WireError(f"unsupported payload dtype {dt}")
+    return payload, code
+
+
 REAP_AT = 64  # pending sends that make a send reap the completed ones (at least)
 REAP_EVERY_S = 0.01  # with more pending, a poll reaps at most this often (seconds)
 BUNDLE_MAX = 512  # a BUNDLE goes out once it holds this many messages (its receiver
@@ -257,12 +269,7 @@ class MPITransport(Transport):
         code = nchunks = nbytes = flags = 0
         reqs: list[MPI.Request] = []
         if payload is not None:
-            if payload.ndim != 1 or not payload.flags.c_contiguous:
-                payload = np.ascontiguousarray(payload).reshape(-1)
-            dt = payload.dtype
-            code = _F32 if dt is _F32_NP else CODE_OF_DTYPE_STR.get(dt.str)
-            if code is None:
-                raise WireError(f"unsupported payload dtype {dt}")
+            payload, code = _wire_payload(payload)
             nbytes = payload.nbytes
             if nbytes:
                 nchunks = -(-nbytes // self.chunk_bytes)
@@ -345,23 +352,14 @@ class MPITransport(Transport):
         code = nbytes = 0
         data = b""
         if payload is not None:
-            if payload.ndim != 1 or not payload.flags.c_contiguous:
-                payload = np.ascontiguousarray(payload).reshape(-1)
-            dt = payload.dtype
-            code = _F32 if dt is _F32_NP else CODE_OF_DTYPE_STR.get(dt.str)
-            if code is None:
-                raise WireError(f"unsupported payload dtype {dt}")
+            payload, code = _wire_payload(payload)
             nbytes = payload.nbytes
             data = payload.tobytes() + bytes(-nbytes % 8)
         if seq is None:
-            key = (dest, device, kind)
-            seq = self._seq.get(key, 0) + 1
-            self._seq[key] = seq
-        if len(aux) != 4:
-            aux = (*aux, 0.0, 0.0, 0.0, 0.0)[:4]
+            seq = self.next_seq(dest, device, kind)
         hdr = _pack(
             MAGIC, VERSION, int(kind), int(device), code, 0, 1 if nbytes else 0, int(seq),
-            int(round_), float(vtime), nbytes, *(float(a) for a in aux),
+            int(round_), float(vtime), nbytes, *(float(a) for a in (*aux, 0, 0, 0, 0)[:4]),
         )  # fmt: skip
         got = self._bundles.setdefault(dest, [])
         got.append(hdr)
