@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from edgefl import kernels
@@ -86,6 +87,30 @@ _LAUNCH_FLAKES = ("The PMIx server's listener thread failed to start",)
 def launch_flaked(output: str) -> bool:
     """Whether a launch's output says Open MPI itself failed to start it (see above)."""
     return any(f in output for f in _LAUNCH_FLAKES)
+
+
+def start_launch(cmd: list[str], ready: Path, timeout: float = 240.0, **kw) -> subprocess.Popen:
+    """``subprocess.Popen(cmd, stdout=PIPE, stderr=PIPE, text=True, **kw)`` for a command
+    that starts MPI ranks, returned once the file ``ready`` exists (the run's ranks.json:
+    its ranks started) or ``timeout`` seconds passed. A launch that Open MPI itself failed
+    to start (see _LAUNCH_FLAKES) is repeated, at most twice; one that ended otherwise
+    before ``ready`` is an AssertionError with its output."""
+    for attempt in range(3):
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+        deadline = time.monotonic() + timeout
+        while p.poll() is None and not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if p.poll() is None or ready.exists():
+            return p
+        out, err = p.communicate()
+        if launch_flaked(out + err) and attempt < 2:
+            print(f"Open MPI failed to launch, retrying: {' '.join(cmd)}", file=sys.stderr)
+            continue
+        raise AssertionError(
+            f"the launch ended before its ranks started (status {p.returncode}):\n"
+            f"{(out + err)[-3000:]}"
+        )
+    raise AssertionError("unreachable")
 
 
 def run_launch(cmd: list[str], **kw) -> subprocess.CompletedProcess:

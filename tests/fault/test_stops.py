@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_launch
+from conftest import run_launch, start_launch
 
 MPI = pytest.mark.mpi
 TESTS = Path(__file__).parent.parent  # (tests/hang_client.py)
@@ -53,8 +53,8 @@ def _run(out: Path, *sets: str, **env: str) -> tuple[int, str]:
 
 
 def _start(out: Path, *sets: str) -> subprocess.Popen:
-    return subprocess.Popen(_cmd(out, sets), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=_env())  # fmt: skip
+    """The run, started (its ranks.json written; an Open MPI launch failure repeated)."""
+    return start_launch(_cmd(out, sets), out / "ranks.json", env=_env())
 
 
 def _rows(out: Path) -> int:
