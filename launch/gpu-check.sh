@@ -11,10 +11,11 @@
 #    arithmetic allows: float32 sums on a GPU are ordered differently, so the script also
 #    prints the largest difference between the two final models);
 # 4. the vectorized path (train.vectorize = "on") on CUDA: 1,000 devices of the CNN on digits
-#    on one worker rank, on cuda:0 and on cpu, in-process (--backend inline: the worker's
-#    training is the same code as under MPI); the time of each, the tasks trained stacked,
-#    the final accuracies and the largest absolute and relative difference between the
-#    two final models.
+#    (full batches, stacks of one size), then 1,000 devices of the built-in MLP job
+#    (mini-batches of devices of different sizes: padded stacks), each on one worker rank,
+#    on cuda:0 and on cpu, in-process (--backend inline: the worker's training is the same
+#    code as under MPI); the time of each, the tasks trained stacked, the final accuracies
+#    and the largest absolute and relative difference between the two final models.
 #
 # GPU_CHECK_STEPS="1 4" runs only those steps (default "1 2 3 4"; step 1 always runs).
 # GPU_CHECK_DEVICE=cpu runs every step with "cpu" in place of "cuda" (a dry run of the script
@@ -100,26 +101,27 @@ EOF
 fi
 
 if [[ $steps == *" 4 "* ]]; then
-echo "== 4. vectorized local training: 1,000 CNN devices on one worker, $dev vs cpu"
-vjob=(recipe:digits-cnn-iid --backend inline --devices 1000 --rounds 3 --set fleet.ranks=2
-      --set 'train.vectorize="on"' --set output.progress=quiet --set run.checkpoint_every=0)
-rm -rf "$out/vec-$dev" "$out/vec-cpu"
-"$edgefl" simulate --out "$out/vec-$dev" "${vjob[@]}" --set "fleet.device=\"$dev\""
+vec_check() {  # vec_check NAME JOB-ARGS...: the job stacked on $dev and on cpu, compared
+local name="$1"; shift
+local vjob=("$@" --backend inline --devices 1000 --rounds 3 --set fleet.ranks=2
+            --set 'train.vectorize="on"' --set output.progress=quiet --set run.checkpoint_every=0)
+rm -rf "$out/vec-$name-$dev" "$out/vec-$name-cpu"
+"$edgefl" simulate --out "$out/vec-$name-$dev" "${vjob[@]}" --set "fleet.device=\"$dev\""
 if [[ $dev != cpu ]]; then
-  "$edgefl" simulate --out "$out/vec-cpu" "${vjob[@]}" --set 'fleet.device="cpu"'
+  "$edgefl" simulate --out "$out/vec-$name-cpu" "${vjob[@]}" --set 'fleet.device="cpu"'
 fi
-"$python" - "$out" "$dev" <<'EOF'
+"$python" - "$out" "$dev" "$name" <<'EOF'
 import json
 import sys
 from pathlib import Path
 
 import torch
 
-out, dev = Path(sys.argv[1]), sys.argv[2]
-runs = {k: out / f"vec-{k}" for k in dict.fromkeys((dev, "cpu"))}
+out, dev, name = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+runs = {k: out / f"vec-{name}-{k}" for k in dict.fromkeys((dev, "cpu"))}
 s = {k: json.loads((p / "summary.json").read_text()) for k, p in runs.items()}
 for k, v in s.items():
-    print(f"{k}: {v['wall_time_s']:.2f} s of rounds, {v['stacked_tasks']} tasks stacked, "
+    print(f"{name}, {k}: {v['wall_time_s']:.2f} s of rounds, {v['stacked_tasks']} tasks stacked, "
           f"final accuracy {v['final_accuracy']:.4f}, model_sha256 {v['model_sha256'][:16]}")
 m = {k: torch.load(p / "final_model.pt", map_location="cpu") for k, p in runs.items()}
 a, b = m[dev], m["cpu"]
@@ -128,10 +130,16 @@ reld = max(
     ((a[n].float() - b[n].float()).abs().max() / b[n].float().abs().max().clamp_min(1e-30)).item()
     for n in b
 )
-print(f"{dev} vs cpu: largest parameter difference {absd:.3g} "
+print(f"{name}, {dev} vs cpu: largest parameter difference {absd:.3g} "
       f"(relative to the tensor's largest |value|: {reld:.3g})")
 if dev != "cpu":
-    print(f"time of the rounds, cpu / {dev}: {s['cpu']['wall_time_s'] / s[dev]['wall_time_s']:.2f}x")
+    print(f"{name}, time of the rounds, cpu / {dev}: "
+          f"{s['cpu']['wall_time_s'] / s[dev]['wall_time_s']:.2f}x")
 EOF
+}
+echo "== 4. vectorized local training: 1,000 CNN devices on one worker, $dev vs cpu"
+vec_check cnn recipe:digits-cnn-iid
+echo "== 4. vectorized local training: 1,000 devices of the built-in MLP job (padded stacks), $dev vs cpu"
+vec_check mlp
 fi
 echo "gpu-check.sh: done; results in $out"

@@ -231,6 +231,7 @@ def fit_stacked(
     rows = torch.arange(k).unsqueeze(1)
     if counts is not None:
         idx_all, mask_all, active = _ragged_orders(counts, batch_size, epochs, steps, generators)
+        mask_all, active = mask_all.to(X.device), active.to(X.device)  # (CUDA: on the GPU)
         plan = [(idx_all[t], mask_all[t], active[t]) for t in range(len(active))]
     else:
         plan = [(idx, None, None) for idx in _orders(n, bs, total, generators)]
