@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from edgefl.training.client import FitContext
-from edgefl.training.stacked import fit_stacked, groups
+from edgefl.training.stacked import fit_stacked, full_batch_width, groups
 from edgefl.training.trainer import fit_loop
 
 K, N, D, C = 6, 23, 5, 3
@@ -239,9 +239,43 @@ def test_counts_need_mini_batches_and_the_cross_entropy():
     model = _model("logreg")
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     ce = nn.functional.cross_entropy
-    with pytest.raises(ValueError, match="batch_size"):  # full batch: stacks of one size
+    with pytest.raises(ValueError, match="full_batch_width"):  # (23 wide: 24 needed)
         fit_stacked(model, start, X, Y, generators=_gens(), loss=ce, lr=0.1, epochs=1,
                     counts=COUNTS)  # fmt: skip
+    with pytest.raises(ValueError, match="batch_size"):  # batches of 10: mini and full
+        fit_stacked(model, start, X, Y, generators=_gens(), loss=ce, lr=0.1, epochs=1,
+                    batch_size=10, counts=COUNTS)  # fmt: skip
     with pytest.raises(ValueError, match="cross-entropy"):
         fit_stacked(model, start, X, Y.float(), generators=_gens(), lr=0.1, epochs=1,
                     batch_size=4, counts=COUNTS, loss=nn.functional.mse_loss)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind, opts", [
+    ("logreg", dict(lr=0.1, epochs=0, steps=5, batch_size=0, momentum=0.0, weight_decay=0.0)),
+    ("mlp", dict(lr=0.05, epochs=3, steps=0, batch_size=0, momentum=0.9, weight_decay=1e-3)),
+])  # fmt: skip
+def test_full_batch_devices_of_different_sizes_stack_padded_to_their_width(kind, opts):
+    """Full batches of 7 to 23 examples: padded to 24 (full_batch_width of 17 to 24) with
+    masks, each device as the sequential trainer trains it on its own examples, and bit for
+    bit as alone in a stack of its width."""
+    X, Y = _data(4)
+    counts = [23, 17, 21, 24, 18, 20]
+    width = full_batch_width(max(counts))
+    assert {full_batch_width(c) for c in counts} == {width} == {24}
+    X = torch.cat([X, torch.randn(K, width - N, D)], 1)
+    Y = torch.cat([Y, torch.zeros(K, width - N, dtype=Y.dtype)], 1)
+    model = _model(kind)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ce = nn.functional.cross_entropy
+    got, losses = fit_stacked(model, start, X, Y, generators=_gens(), loss=ce, counts=counts,
+                              **opts)  # fmt: skip
+    for d, n in enumerate(counts):
+        _, want, want_loss = _sequential(model, X[d : d + 1, :n], Y[d : d + 1, :n],
+                                         gens=[_gens()[d]], **opts)  # fmt: skip
+        for name in start:
+            scale = want[0][name].abs().max()
+            assert (got[name][d] - want[0][name]).abs().max() <= 1e-5 * scale, (d, name)
+        assert abs(float(losses[d]) - want_loss[0]) <= 1e-5 * abs(want_loss[0])
+        alone, _ = fit_stacked(model, start, X[d : d + 1], Y[d : d + 1], generators=[_gens()[d]],
+                               loss=ce, counts=[n], **opts)  # fmt: skip
+        assert all(torch.equal(alone[name][0], got[name][d]) for name in start), d

@@ -122,7 +122,7 @@ def test_why_not_names_what_keeps_a_rank_on_the_one_by_one_path():
     )
 
 
-def test_take_group_stops_at_the_first_task_that_differs():
+def test_take_group_takes_the_queued_tasks_that_train_with_the_first():
     from collections import deque
 
     from edgefl.algorithms.base import TaskSpec
@@ -136,19 +136,31 @@ def test_take_group_stops_at_the_first_task_that_differs():
     q = deque([(0, 1, 3, TaskSpec()), (1, 1, 3, TaskSpec())])
     got = stacking.take_group(q, lambda item: True, {0: 10, 1: 9}.get, dev)
     assert [d for d, *_ in got] == [0] and len(q) == 1  # (a stack of one)
+    # not only at the head: the queue's later tasks of the first one's kind, the others
+    # left in their order; a device passed over keeps its later task behind it
+    q = deque([(0, 1, 3, TaskSpec()), (1, 1, 3, TaskSpec()), (2, 1, 3, TaskSpec()),
+               (1, 2, 3, TaskSpec()), (3, 1, 3, TaskSpec())])  # fmt: skip
+    sizes = {0: 10, 1: 9, 2: 10, 3: 10}
+    got = stacking.take_group(q, lambda item: True, sizes.get, dev)
+    assert [(d, t) for d, t, *_ in got] == [(0, 1), (2, 1), (3, 1)]
+    assert [(d, t) for d, t, *_ in q] == [(1, 1), (1, 2)]
     q = deque([(0, 1, 3, TaskSpec())])
     assert stacking.take_group(q, lambda item: True, {0: None}.get, dev) == []  # not tensors
     flush = deque([(0, 1, 3, TaskSpec(flags=4)), (1, 1, 3, TaskSpec(flags=4))])
     assert stacking.take_group(flush, lambda item: True, sizes.get, dev) == []
-    # mini-batches a stack can pad: sizes may differ, up to the budget of the largest
-    mixed = {0: 40, 1: 33, 2: 90, 3: 20}
-    ragged = lambda n, spec: 32 < n  # noqa: E731  (batches of 32: a device of 20 is one batch)
-    q = deque([(d, 1, 3, TaskSpec()) for d in range(4)])
-    got = stacking.take_group(q, lambda item: True, mixed.get, dev, ragged=ragged)
-    assert [d for d, *_ in got] == [0, 1, 2] and [d for d, *_ in q] == [3]
+    # a stack that pads sizes: the same width (mini-batches of 32; a device of 20 is one
+    # full batch, 24 wide), up to the budget of the largest
+    mixed = {0: 40, 1: 33, 2: 90, 3: 20, 4: 18}
+    dev = dict.fromkeys(range(5), "cpu")
+    width = lambda n, spec: 32 if 32 < n else -(-n // 8) * 8  # noqa: E731
+    q = deque([(d, 1, 3, TaskSpec()) for d in range(5)])
+    got = stacking.take_group(q, lambda item: True, mixed.get, dev, width=width)
+    assert [d for d, *_ in got] == [0, 1, 2] and [d for d, *_ in q] == [3, 4]
+    got = stacking.take_group(q, lambda item: True, mixed.get, dev, width=width)
+    assert [d for d, *_ in got] == [3, 4] and not q  # (20 and 18: both 24 wide)
     q = deque([(d, 1, 3, TaskSpec()) for d in range(3)])
     budget = lambda n: 2 if n > 80 else 8  # noqa: E731
-    got = stacking.take_group(q, lambda item: True, mixed.get, dev, budget, ragged)
+    got = stacking.take_group(q, lambda item: True, mixed.get, dev, budget, width)
     assert [d for d, *_ in got] == [0, 1] and [d for d, *_ in q] == [2]
 
 

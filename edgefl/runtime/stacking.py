@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # (annotations only)
 
 #: tasks trained in one stacked call at most, whatever the memory budget allows
 MAX_GROUP = 4096
+SCAN = 8192  # queued tasks a stack is looked for among (take_group)
 
 
 def stack_limit(budget_mb: float, param_numel: int, n: int, sample_numel: int) -> int:
@@ -124,17 +125,20 @@ def take_group(
     size_of: Callable[[int], int | None],
     torch_dev: dict[int, str],
     limit: Callable[[int], int] = lambda n: MAX_GROUP,
-    ragged: Callable[[int, TaskSpec], bool] = lambda n, spec: False,
+    width: Callable[[int, TaskSpec], object] = lambda n, spec: None,
 ) -> list[tuple[int, int, int, TaskSpec]]:
-    """Pop the tasks at the head of ``queue`` ((device, task, version, spec) items) that
-    train together with the first one: same version and spec with plain flags, ready,
-    the same torch device, and either the same training split size (``size_of(device)``:
-    None when the split is not a tensor dataset) or, when ``ragged(size, spec)`` says
-    both train in mini-batches that a stack can pad, any sizes; at most ``limit(largest
-    size)`` tasks (the memory budget: :func:`stack_limit`). [] when the first task cannot
-    train stacked (it then trains alone); a group may be that one task: every task that
-    can goes the stacked way, so which tasks happen to be queued together does not change
-    a model (a device's result does not depend on the others in its stack)."""
+    """Take the first task of ``queue`` ((device, task, version, spec) items) and the
+    queued tasks that train together with it: same version and spec with plain flags,
+    ready, the same torch device, and either the same training split size
+    (``size_of(device)``: None when the split is not a tensor dataset) or, when a stack
+    pads sizes, the same ``width(size, spec)`` (not None: the batch width each step of
+    theirs has); at most ``limit(largest size)`` tasks (the memory budget:
+    :func:`stack_limit`), found among the first :data:`SCAN` queued. The others stay
+    queued in their order; a task of a device passed over is not taken before it. []
+    when the first task cannot train stacked (it then trains alone); a group may be that
+    one task: every task that can goes the stacked way, so which tasks happen to be queued
+    together does not change a model (a device's result does not depend on the others in
+    its stack)."""
     if not queue or not ready(queue[0]):
         return []
     d0, _, v0, s0 = queue[0]
@@ -143,23 +147,36 @@ def take_group(
     n0 = size_of(d0)
     if n0 is None:
         return []
-    mixed = ragged(n0, s0)
+    key = width(n0, s0)
     largest = n0
-    group = 1
-    while group < len(queue):
-        item = queue[group]
+    picked = [0]
+    seen = {d0}  # devices taken, or passed over (their later tasks wait for those)
+    for j in range(1, min(len(queue), SCAN)):
+        item = queue[j]
         d, _, v, s = item
+        if d in seen:
+            continue
+        seen.add(d)
         same = (v, s.batch, s.flags, s.samples, s.arg) == (v0, s0.batch, 0, 0, 0)
         if not same or torch_dev[d] != torch_dev[d0] or not ready(item):
-            break
+            continue
         n = size_of(d)
-        if n is None or (n != n0 and not (mixed and ragged(n, s))):
-            break
-        if group + 1 > limit(max(largest, n)):
+        if n is None or (n != n0 and (key is None or width(n, s) != key)):
+            continue
+        if len(picked) + 1 > limit(max(largest, n)):
             break
         largest = max(largest, n)
-        group += 1
-    return [queue.popleft() for _ in range(group)]
+        picked.append(j)
+    if len(picked) == 1:
+        return [queue.popleft()]
+    if picked[-1] == len(picked) - 1:  # (the head of the queue: as it was taken before)
+        return [queue.popleft() for _ in picked]
+    take = set(picked)
+    out = [queue[j] for j in picked]
+    rest = [item for j, item in enumerate(queue) if j not in take]
+    queue.clear()
+    queue.extend(rest)
+    return out
 
 
 def gradient_terms(jobs: list, start: np.ndarray, names: list[str], shapes: list, offsets: list):
@@ -237,13 +254,13 @@ def stacked_deltas(got: dict, names: list[str], flat, start: np.ndarray) -> np.n
     return out
 
 
-def padded(data: list, dev: str):
+def padded(data: list, dev: str, width: int = 0):
     """The examples of devices of different sizes as one stack: ``(X, Y)`` of shapes ``(K,
-    n_max, ...)``, device ``i``'s own in the first ``len`` of row ``i``, zeros after (the
-    stacked step masks them)."""
+    n, ...)``, ``n`` the largest size (at least ``width``), device ``i``'s own in the first
+    ``len`` of row ``i``, zeros after (the stacked step masks them)."""
     import torch
 
-    k, n = len(data), max(len(y) for _, y in data)
+    k, n = len(data), max(width, *(len(y) for _, y in data))
     x0, y0 = data[0]
     X = torch.zeros((k, n, *x0.shape[1:]), dtype=x0.dtype)
     Y = torch.zeros((k, n, *y0.shape[1:]), dtype=y0.dtype)

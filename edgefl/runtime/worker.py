@@ -505,21 +505,23 @@ class Worker:
             mb = self.cfg["train"]["vectorize_mb"]
             return stacking.stack_limit(mb, self.task.flat.param_numel, n, self._sample_numel)
 
-        from ..training.stacked import masks_supported
+        from ..training.stacked import full_batch_width, masks_supported
 
         masks = masks_supported(self.loss)
 
-        def ragged(n: int, spec: TaskSpec) -> bool:  # (mini-batches: a stack pads sizes)
+        def width(n: int, spec: TaskSpec) -> tuple | None:  # (a stack pads sizes: its width)
+            if not masks:
+                return None
             bs = spec.batch or self.cfg["train"]["batch_size"]
-            return masks and 0 < bs < n
+            return ("batch", bs) if 0 < bs < n else ("whole", full_batch_width(n))
 
         return stacking.take_group(self.queue, self._ready, size_of, self.torch_dev, limit,
-                                   ragged)  # fmt: skip
+                                   width)  # fmt: skip
 
     def _train_group(self, items: list[tuple[int, int, int, TaskSpec]]) -> None:
         """Train ``items`` (:func:`.stacking.take_group`) as one stack, then each goes on as
         a task trained alone does (``after_train``, the update pipeline, its UPDATE)."""
-        from ..training.stacked import fit_stacked, masks_supported
+        from ..training.stacked import fit_stacked, full_batch_width, masks_supported
 
         version = items[0][2]
         jobs = []
@@ -548,14 +550,18 @@ class Worker:
             )
         ft, tr = jobs[0].fit_task, self.cfg["train"]
         counts = [len(y) for _, y in data]
-        ragged = masks_supported(self.loss) and 0 < ft.batch_size < min(counts)
-        if ragged or len(set(counts)) > 1:
-            if not ragged:
-                raise RuntimeError(
-                    f"rank {self.rank}: devices {[j.device for j in jobs]} of different "
-                    "sizes were grouped to train stacked in full batches"
-                )
-            X, Y = stacking.padded(data, dev)
+        bs = ft.batch_size
+        # with masks, every stack pads (to the batch width, or to the full-batch width of
+        # its sizes), even one of equal sizes: a device's arithmetic is then its own
+        ragged = masks_supported(self.loss) and (0 < bs < min(counts) or not 0 < bs < max(counts))
+        if ragged:
+            whole = 0 if 0 < bs < min(counts) else full_batch_width(max(counts))
+            X, Y = stacking.padded(data, dev, whole)
+        elif len(set(counts)) > 1:
+            raise RuntimeError(
+                f"rank {self.rank}: devices {[j.device for j in jobs]} of different sizes "
+                "were grouped to train stacked without masks"
+            )
         else:
             X = torch.stack([x for x, _ in data]).to(dev)
             Y = torch.stack([y for _, y in data]).to(dev)

@@ -19,7 +19,9 @@ takes every device's next batch of its own order, the short last batch of an epo
 with masked examples, and a device that has taken all its steps stands still while the
 others go on. A device's arithmetic is then the same whatever else is in its stack (its
 batches are ``batch_size`` wide, padding and all), so the model does not depend on how the
-devices are grouped. Full-batch devices train in stacks of one size (see :func:`groups`).
+devices are grouped. Full-batch devices of different sizes stack too when the caller pads
+them to one width that depends on each device's own size only (:func:`full_batch_width`):
+each step is the whole padded set, masked.
 
 What it covers: models whose forward pass ``torch.func`` can transform, without buffers
 (no BatchNorm yet); the configured loss as ``loss(output, target)`` (a mean); SGD with
@@ -79,6 +81,18 @@ def masks_supported(loss: Callable) -> bool:
     from .losses import CrossEntropy
 
     return loss is F.cross_entropy or (isinstance(loss, CrossEntropy) and loss.task != "lm")
+
+
+FULL_BATCH_QUANTUM = 8  # full-batch stacks: sizes padded to a multiple of this
+
+
+def full_batch_width(n: int) -> int:
+    """The width (examples, padding included) a full-batch device of ``n`` examples trains
+    at in a stack of devices of different sizes: ``n`` rounded up to a multiple of 8. A
+    function of ``n`` alone, so a device's arithmetic does not depend on its stack; devices
+    of one width share a stack."""
+    q = FULL_BATCH_QUANTUM
+    return -(-int(n) // q) * q
 
 
 def _masked_ce(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -175,10 +189,13 @@ def fit_stacked(
         corrections: SCAFFOLD's ``c - c_i`` per device (name -> ``(K, *shape)``), added to
             every gradient (as :func:`edgefl.algorithms.scaffold.correction_hook`).
         counts: each device's number of examples when they differ (the first
-            ``counts[i]`` of ``X[i]`` are its own, the rest padding); needs mini-batches
-            (``0 < batch_size < min(counts)``) and a loss :func:`masks_supported` takes.
-            Given, every step is ``batch_size`` wide with masks, even when the counts are
-            equal (the same arithmetic for a device in any stack).
+            ``counts[i]`` of ``X[i]`` are its own, the rest padding); needs a loss
+            :func:`masks_supported` takes, and either mini-batches (``0 < batch_size <
+            min(counts)``: every step ``batch_size`` wide with masks, even when the counts
+            are equal) or full batches (``batch_size`` 0 or ``>= max(counts)``: every step
+            the whole ``n``-wide stack, masked; ``n`` must be every device's
+            :func:`full_batch_width`). Either way the same arithmetic for a device in any
+            stack.
 
     The per-device terms are added after ``backward()`` and before the step, where the
     sequential path runs the plugins' gradient hooks; the loss reported is the task loss.
@@ -193,16 +210,26 @@ def fit_stacked(
         )
     if any(True for _ in model.buffers()):
         raise ValueError("fit_stacked: models with buffers (BatchNorm) are not supported yet")
+    whole = False  # (counts of full-batch devices: each step the whole padded stack)
     if counts is not None:
-        if len(counts) != k or not 0 < batch_size < min(counts) or max(counts) > n:
+        lo, hi = min(counts, default=0), max(counts, default=0)
+        whole = batch_size == 0 or batch_size >= hi
+        if whole and any(full_batch_width(c) != n for c in counts):
+            raise ValueError(
+                f"fit_stacked: full-batch counts from {lo} to {hi} need the stack padded to "
+                f"each one's full_batch_width, got {n} examples per device"
+            )
+        if len(counts) != k or not (whole or 0 < batch_size < lo) or hi > n:
             raise ValueError(
                 f"fit_stacked: counts of {k} devices need 0 < batch_size < every count <= "
-                f"{n}, got batch_size {batch_size} and counts from {min(counts, default=0)} "
-                f"to {max(counts, default=0)} ({len(counts)} of them)"
+                f"{n}, or full batches, got batch_size {batch_size} and counts from {lo} to "
+                f"{hi} ({len(counts)} of them)"
             )
         if not masks_supported(loss):
             raise ValueError("fit_stacked: counts need the built-in cross-entropy loss")
     bs, total = plan_steps(epochs, steps, batch_size, n)
+    if whole:  # (steps of a full batch: as many for every device, whatever its size)
+        bs, total = n, plan_steps(epochs, steps, 0, max(counts))[1]
     if total == 0:
         return {name: p.expand(k, *p.shape).clone() for name, p in start.items()}, torch.zeros(k)
 
@@ -229,14 +256,19 @@ def fit_stacked(
     bufs: dict[str, torch.Tensor] | None = None
     losses = []
     rows = torch.arange(k).unsqueeze(1)
-    if counts is not None:
+    if whole:  # (no draws: full batches visit the examples in order, as one by one)
+        mask = torch.arange(n).unsqueeze(0) < torch.tensor(list(counts)).unsqueeze(1)
+        mask = mask.to(torch.float32).to(X.device)
+        active = torch.ones(total, k, dtype=torch.bool, device=X.device)
+        plan = [(None, mask, active[t]) for t in range(total)]
+    elif counts is not None:
         idx_all, mask_all, active = _ragged_orders(counts, batch_size, epochs, steps, generators)
         mask_all, active = mask_all.to(X.device), active.to(X.device)  # (CUDA: on the GPU)
         plan = [(idx_all[t], mask_all[t], active[t]) for t in range(len(active))]
     else:
         plan = [(idx, None, None) for idx in _orders(n, bs, total, generators)]
     for idx, mb, act in plan:
-        xb, yb = (X, Y) if bs >= n and mb is None else (X[rows, idx], Y[rows, idx])
+        xb, yb = (X, Y) if idx is None or (bs >= n and mb is None) else (X[rows, idx], Y[rows, idx])
         if mb is None:
             g, value = grad_and_loss(params, xb, yb)
         else:
@@ -277,4 +309,4 @@ def _along(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return flags.view(-1, *([1] * (like.dim() - 1)))
 
 
-__all__ = ["fit_stacked", "groups", "masks_supported"]
+__all__ = ["fit_stacked", "full_batch_width", "groups", "masks_supported"]
