@@ -193,6 +193,18 @@ def test_plan_steps_is_the_one_step_count_of_both_paths():
     assert plan_steps(1, 0, 0, 10) == (10, 1) and plan_steps(1, 0, 4, 0) == (0, 0)
 
 
+def _each_as_one_by_one(model, start, X, Y, counts, got, losses, opts) -> None:
+    """Each device of a stack (its first ``counts[d]`` examples its own) within 1e-5 of the
+    sequential trainer run on its examples alone: parameters and mean loss."""
+    for d, n in enumerate(counts):
+        _, want, want_loss = _sequential(model, X[d : d + 1, :n], Y[d : d + 1, :n],
+                                         gens=[_gens()[d]], **opts)  # fmt: skip
+        for name in start:
+            scale = want[0][name].abs().max()
+            assert (got[name][d] - want[0][name]).abs().max() <= 1e-5 * scale, (d, name)
+        assert abs(float(losses[d]) - want_loss[0]) <= 1e-5 * abs(want_loss[0])
+
+
 RAGGED = [
     ("logreg", dict(lr=0.1, epochs=2, steps=0, batch_size=4, momentum=0.0, weight_decay=0.0)),
     ("mlp", dict(lr=0.05, epochs=1, steps=0, batch_size=5, momentum=0.9, weight_decay=1e-3)),
@@ -210,13 +222,7 @@ def test_devices_of_different_sizes_train_in_one_stack_as_one_by_one(kind, opts)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     got, losses = fit_stacked(model, start, X, Y, generators=_gens(),
                               loss=nn.functional.cross_entropy, counts=COUNTS, **opts)  # fmt: skip
-    for d, n in enumerate(COUNTS):
-        _, want, want_loss = _sequential(model, X[d : d + 1, :n], Y[d : d + 1, :n],
-                                         gens=[_gens()[d]], **opts)  # fmt: skip
-        for name in start:
-            scale = want[0][name].abs().max()
-            assert (got[name][d] - want[0][name]).abs().max() <= 1e-5 * scale, (d, name)
-        assert abs(float(losses[d]) - want_loss[0]) <= 1e-5 * abs(want_loss[0])
+    _each_as_one_by_one(model, start, X, Y, COUNTS, got, losses, opts)
 
 
 def test_a_padded_devices_result_does_not_depend_on_its_stack_or_its_padding():
@@ -269,13 +275,8 @@ def test_full_batch_devices_of_different_sizes_stack_padded_to_their_width(kind,
     ce = nn.functional.cross_entropy
     got, losses = fit_stacked(model, start, X, Y, generators=_gens(), loss=ce, counts=counts,
                               **opts)  # fmt: skip
+    _each_as_one_by_one(model, start, X, Y, counts, got, losses, opts)
     for d, n in enumerate(counts):
-        _, want, want_loss = _sequential(model, X[d : d + 1, :n], Y[d : d + 1, :n],
-                                         gens=[_gens()[d]], **opts)  # fmt: skip
-        for name in start:
-            scale = want[0][name].abs().max()
-            assert (got[name][d] - want[0][name]).abs().max() <= 1e-5 * scale, (d, name)
-        assert abs(float(losses[d]) - want_loss[0]) <= 1e-5 * abs(want_loss[0])
         alone, _ = fit_stacked(model, start, X[d : d + 1], Y[d : d + 1], generators=[_gens()[d]],
                                loss=ce, counts=[n], **opts)  # fmt: skip
         assert all(torch.equal(alone[name][0], got[name][d]) for name in start), d
