@@ -236,19 +236,14 @@ def fit_stacked(
     forward = vmap(lambda p, xb: functional_call(model, p, (xb,)))
     per_device = _per_device_loss(loss)
 
-    def grad_and_loss(params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor):
+    def grad_and_loss(params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
+                      mb: torch.Tensor | None):  # fmt: skip
         # one backward pass of the devices' summed losses: a device's parameters reach
-        # only its own loss, so each gets its own gradient
+        # only its own loss, so each gets its own gradient (``mb``: the padding's mask)
         p = {name: v.detach().requires_grad_(True) for name, v in params.items()}
         with torch.enable_grad():
-            values = per_device(forward(p, xb), yb)
-            g = torch.autograd.grad(values.sum(), list(p.values()))
-        return dict(zip(p, g, strict=True)), values.detach()
-
-    def masked_grad_and_loss(params: dict[str, torch.Tensor], xb, yb, mb):
-        p = {name: v.detach().requires_grad_(True) for name, v in params.items()}
-        with torch.enable_grad():
-            values = _masked_ce(forward(p, xb), yb, mb)
+            out = forward(p, xb)
+            values = per_device(out, yb) if mb is None else _masked_ce(out, yb, mb)
             g = torch.autograd.grad(values.sum(), list(p.values()))
         return dict(zip(p, g, strict=True)), values.detach()
 
@@ -269,10 +264,7 @@ def fit_stacked(
         plan = [(idx, None, None) for idx in _orders(n, bs, total, generators)]
     for idx, mb, act in plan:
         xb, yb = (X, Y) if idx is None or (bs >= n and mb is None) else (X[rows, idx], Y[rows, idx])
-        if mb is None:
-            g, value = grad_and_loss(params, xb, yb)
-        else:
-            g, value = masked_grad_and_loss(params, xb, yb, mb)
+        g, value = grad_and_loss(params, xb, yb, mb)
         losses.append(value)
         with torch.no_grad():
             if prox_mu:
