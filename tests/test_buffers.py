@@ -366,3 +366,80 @@ def test_local_statistics_with_a_gate():
     for d, t, b in REC["start"]:
         firsts = min(tt for dd, tt, _ in REC["start"] if dd == d)
         assert np.array_equal(b, init) == (t == firsts), (d, t)
+
+
+# ------------------------------------------------- stacked training (train.vectorize)
+
+
+class _StackedRecorderWorker(WorkerPlugin):
+    """Records each task's starting buffers (``job.model`` before training) and its update's
+    buffer entries (the trained statistics minus the start, or zeros under FedBN), and
+    under FedBN, whose ``after_train`` puts each device's trained model in ``job.model``,
+    the trained statistics too. Reads only: stackable."""
+
+    stackable = True
+
+    def before_train(self, d, job):
+        with _LOCK:
+            REC["start"].append((d, job.task, _bufs(job.model)))
+
+    def encode(self, up, job):
+        if up.flush:
+            return
+        with _LOCK:
+            REC["end"].append((up.device, job.task, _bufs(job.model), 0))
+            REC["delta"].append(((up.device, job.task), up.delta[job.flat.buffer_slice].copy()))
+
+
+class StackedRecorder(Plugin):
+    name = "stacked_recorder"
+    worker = _StackedRecorderWorker
+
+
+def _recorded(mode: str, vectorize: str):
+    _reset()
+    sets = _sets(
+        f'model.buffers="{mode}"', "run.rounds=2", "fleet.devices=12", "fleet.ranks=3",
+        f'train.vectorize="{vectorize}"',
+    )  # fmt: skip
+    sets = [s for s in sets if not s.startswith("algorithm.plugins")]
+    cfg = load_config(overrides=[*sets, 'algorithm.plugins=["test_buffers:StackedRecorder"]'])
+    coord, statuses = run_loopback_job(cfg, ranks=3)
+    assert statuses == [0, 0, 0]
+    starts = {(d, t): b for d, t, b in REC["start"]}
+    ends = {(d, t): b for d, t, b, _n in REC["end"]}
+    return coord, starts, ends, dict(REC["delta"])
+
+
+@pytest.mark.parametrize("mode", ["federate", "local"])
+def test_stacked_statistics_follow_each_device_as_one_by_one(mode, caplog):
+    """BatchNorm models train stacked (devices of one size together): each device's running
+    statistics start from what it holds one by one (the global ones, or its own under FedBN)
+    and end within float32 rounding of the one-by-one run's, and so does the model."""
+    ref, ref_starts, ref_ends, ref_deltas = _recorded(mode, "off")
+    caplog.set_level("DEBUG", logger="edgefl.worker")
+    got, starts, ends, deltas = _recorded(mode, "on")
+    assert ref.stacked_tasks == 0 and got.stacked_tasks == 24  # (12 devices x 2 rounds)
+    sizes = [int(m.split()[3]) for m in caplog.messages if m.endswith("tasks stacked")]
+    assert sum(sizes) == 24 and max(sizes) > 1  # (devices of one size: stacks of several)
+    assert sorted(starts) == sorted(ref_starts) == sorted(deltas) == sorted(ref_deltas)
+    close = dict(rtol=1e-4, atol=1e-5)
+    for key, want in ref_starts.items():  # (round 2 starts from round 1's: rounded too)
+        np.testing.assert_allclose(starts[key], want, **close, err_msg=str(key))
+    a, b = got.global_model, ref.global_model
+    assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
+    flat = got.task.flat
+    if mode == "federate":  # the statistics travel: their updates moved them
+        for key, want in ref_deltas.items():
+            np.testing.assert_allclose(deltas[key], want, **close, err_msg=str(key))
+            assert np.abs(want).max() > 1e-3
+        assert not np.allclose(a[flat.buffer_slice], ref_starts[(0, 0)], atol=1e-4)
+        return
+    # FedBN: each device's own, never in the global model nor in an update
+    init = _bufs(build_model("cnn", _info(), BN_ARGS, 0))
+    assert np.array_equal(a[flat.buffer_slice], init)
+    assert all(not d.any() for d in deltas.values())
+    for key, want in ref_ends.items():
+        np.testing.assert_allclose(ends[key], want, **close, err_msg=str(key))
+        assert not np.allclose(ends[key], starts[key], atol=1e-4)  # (they moved)
+    assert all(np.array_equal(starts[(d, 1)], ends[(d, 0)]) for d in range(12))

@@ -114,12 +114,74 @@ def test_bad_shapes_and_buffers_are_refused_and_no_step_returns_the_start():
     with pytest.raises(ValueError, match="6 generators"):
         fit_stacked(model, start, X, Y, generators=_gens()[:2], loss=ce, lr=0.1)
     bn = nn.Sequential(nn.Linear(D, C), nn.BatchNorm1d(C))
-    with pytest.raises(ValueError, match="buffers"):
+    with pytest.raises(ValueError, match="float buffers are"):  # (their stacked values)
         fit_stacked(bn, dict(bn.named_parameters()), X, Y, generators=_gens(), loss=ce, lr=0.1)
     got, losses = fit_stacked(model, start, X, Y, generators=_gens(), loss=ce, lr=0.1,
                               epochs=0, steps=0)  # fmt: skip
     assert all(torch.equal(got[n][d], start[n]) for n in start for d in range(K))
     assert torch.equal(losses, torch.zeros(K))
+
+
+def _bn_model() -> nn.Module:
+    torch.manual_seed(2)
+    return nn.Sequential(nn.Linear(D, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, C))
+
+
+def _stacked_bufs(model: nn.Module, k: int = K) -> dict[str, torch.Tensor]:
+    return {n: b.detach().expand(k, *b.shape).clone()
+            for n, b in model.named_buffers() if b.is_floating_point()}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [dict(lr=0.1, epochs=2, steps=0, batch_size=6, momentum=0.9, weight_decay=1e-4),
+     dict(lr=0.05, epochs=0, steps=3, batch_size=0, momentum=0.0, weight_decay=0.0)],
+)  # fmt: skip
+def test_batchnorm_statistics_train_per_device_as_one_by_one(opts):
+    """Each device's running statistics are updated by its own batches only, and its
+    parameters and statistics end within rounding of the sequential trainer's."""
+    X, Y = _data(5)
+    X = X * torch.arange(1, K + 1).view(K, 1, 1)  # (devices of different scales)
+    model = _bn_model()
+    ref = {n: b.clone() for n, b in model.named_buffers()}
+    bufs = _stacked_bufs(model)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    got, got_loss = fit_stacked(model, start, X, Y, generators=_gens(), buffers=bufs,
+                                loss=nn.functional.cross_entropy, **opts)  # fmt: skip
+    assert all(torch.equal(b, ref[n]) for n, b in model.named_buffers())  # (left alone)
+    assert model.training
+    for d in range(K):
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(ref[n])
+        _, want, want_loss = _sequential(model, X[d : d + 1], Y[d : d + 1],
+                                         gens=[_gens()[d]], **opts)  # fmt: skip
+        for n, b in model.named_buffers():
+            if b.is_floating_point():
+                torch.testing.assert_close(bufs[n][d], b, rtol=1e-5, atol=1e-6)
+                assert not torch.equal(b, ref[n])
+        for n in start:
+            torch.testing.assert_close(got[n][d], want[0][n], rtol=1e-5, atol=1e-6)
+        assert abs(got_loss[d].item() - want_loss[0]) < 1e-5
+    means = bufs["1.running_mean"]
+    assert all(not torch.allclose(means[0], means[d], atol=1e-3) for d in range(1, K))
+
+
+def test_buffers_other_than_batchnorms_keep_a_model_off_the_stack():
+    from edgefl.training.stacked import buffers_why_not
+
+    assert buffers_why_not(_bn_model()) is None and buffers_why_not(_model("mlp")) is None
+    cumulative = nn.Sequential(nn.Linear(D, C), nn.BatchNorm1d(C, momentum=None))
+    assert "momentum=None" in buffers_why_not(cumulative)
+    other = nn.Linear(D, C)
+    other.register_buffer("scale", torch.ones(C))
+    assert "outside BatchNorm (Linear)" in buffers_why_not(other)
+    X, Y = _data()
+    bn = _bn_model()
+    with pytest.raises(ValueError, match="cannot take padded counts"):
+        fit_stacked(bn, dict(bn.named_parameters()), X, Y, generators=_gens(),
+                    loss=nn.functional.cross_entropy, lr=0.1, batch_size=4, counts=[N] * K,
+                    buffers=_stacked_bufs(bn))  # fmt: skip
 
 
 def test_groups_gathers_devices_of_one_size():

@@ -97,13 +97,13 @@ def test_a_rank_that_cannot_stack_trains_the_reference_model(tmp_path):
     assert auto.model_sha256 == off.model_sha256
 
 
-def _why(numel=10, halves=(), **cfg_over):
+def _why(model=None, halves=(), **cfg_over):
     cfg = {"algorithm": {"gate": "always"}, "train": {"client": "", "optimizer": "sgd"},
            "debug": {"kill_ranks": [], "inject": [], "delay_s": 0.0}}  # fmt: skip
     for k, v in cfg_over.items():
         sec, key = k.split("__")
         cfg[sec][key] = v
-    return stacking.why_not(cfg, SimpleNamespace(param_numel=10, numel=numel), list(halves))
+    return stacking.why_not(cfg, model or torch.nn.Linear(3, 2), list(halves))
 
 
 def test_why_not_names_what_keeps_a_rank_on_the_one_by_one_path():
@@ -115,7 +115,10 @@ def test_why_not_names_what_keeps_a_rank_on_the_one_by_one_path():
     assert "algorithm.gate" in _why(algorithm__gate="hermes")
     assert "train.client" in _why(train__client="m:f")
     assert "train.optimizer" in _why(train__optimizer="adam")
-    assert "buffers" in _why(numel=12)
+    other = torch.nn.Linear(3, 2)
+    other.register_buffer("scale", torch.ones(2))
+    assert "float buffers outside BatchNorm" in _why(other)
+    assert _why(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))) is None
     assert _why(halves=[FedProxWorker, HermesWorker]) is None  # (declared stackable)
     assert "plugin OrderingWorker hooks into local training (train)" in _why(
         halves=[OrderingWorker]

@@ -264,7 +264,10 @@ class WorkerPlugin:
     #: "auto"``: one computation for many devices, no per-device model object during the
     #: steps) says so here; otherwise such a half keeps its rank on the one-by-one path.
     #: A stackable half adds gradient terms only as :mod:`edgefl.training.gradterms`
-    #: objects (the stacked step adds them per device) and no loss penalties.
+    #: objects (the stacked step adds them per device) and no loss penalties; the float
+    #: buffers its ``before_train`` writes into ``job.model`` are the ones the device's
+    #: stack starts from, and its ``after_train`` finds the device's trained parameters
+    #: and buffers in ``job.model``, as one by one.
     stackable: ClassVar[bool] = False
     #: one line for the support table (docs/performance.md): how its training hooks take
     #: part in stacked training, or why they keep a rank off it

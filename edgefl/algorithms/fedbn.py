@@ -109,7 +109,13 @@ def check_buffers(cfg: dict, names: list[str] | None = None) -> None:
 class FedBNWorker(WorkerPlugin):
     """Per-device buffer values: ``{device: float32 array}`` (the flat buffer entries)."""
 
-    stack_note = "per-device BatchNorm buffers are not stacked yet"
+    # (stacked: each device starts from the buffers before_train wrote into its model and
+    # after_train finds its own trained ones there, as one by one)
+    stackable = True
+    stack_note = (
+        "each device's own buffers are stacked with its parameters: written into its model "
+        "before training, kept from it after"
+    )
 
     def __init__(self, ctx: WorkerContext, name: str) -> None:
         super().__init__(ctx, name)

@@ -11,7 +11,8 @@ the same run to run and over MPI or in one process (a device's stacked result do
 depend on which devices share its stack, which the timing of the queue decides).
 
 What the stacked path covers today, checked once per rank (:func:`why_not`): the built-in
-trainer with SGD, no gate, a model without buffers, no worker plugin that hooks into a
+trainer with SGD, no gate, a model whose float buffers are BatchNorm's (stacked per device:
+:func:`edgefl.training.stacked.buffers_why_not`), no worker plugin that hooks into a
 task's training (``before_train``, ``train``, ``after_train``, ``gate``: FedProx,
 SCAFFOLD, FedBN, federated evaluation, example ordering, Hermes), no debug fault hooks.
 Otherwise every task trains alone and the rank says why, once.
@@ -52,12 +53,12 @@ def _hooked(half: type) -> list[str]:
     return [h for h in _TRAINING_HOOKS if overrides(half, h, "worker")]
 
 
-def why_not(cfg: dict, flat, halves: list[type]) -> str | None:
+def why_not(cfg: dict, model, halves: list[type]) -> str | None:
     """Why a worker rank of this job cannot train its tasks stacked (None: it can).
 
     Args:
         cfg: the job's config.
-        flat: the model's flat layout (``param_numel``, ``numel``: elements).
+        model: the job's model (``torch.nn.Module``: its buffers are looked at).
         halves: the job's worker-half classes (:class:`edgefl.algorithms.WorkerPlugin`),
             in plugin order.
     """
@@ -70,8 +71,11 @@ def why_not(cfg: dict, flat, halves: list[type]) -> str | None:
         return f"train.client = {tr['client']!r} (a user's client trains its own way)"
     if tr["optimizer"] != "sgd":
         return f"train.optimizer = {tr['optimizer']!r} (the stacked step is SGD's)"
-    if flat.param_numel != flat.numel:
-        return "the model has float buffers (BatchNorm running statistics)"
+    from ..training.stacked import buffers_why_not
+
+    why = buffers_why_not(model)
+    if why is not None:
+        return why
     for half in halves:
         hooked = _hooked(half)
         if hooked and not half.stackable:
@@ -102,7 +106,7 @@ def support_markdown(classes: list[type]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check_vectorize(cfg: dict, flat) -> None:
+def check_vectorize(cfg: dict, model) -> None:
     """``train.vectorize = "on"``: a ConfigError saying why when the job's worker ranks
     cannot train stacked (``auto`` would train every task alone)."""
     if cfg["train"]["vectorize"] != "on":
@@ -111,7 +115,7 @@ def check_vectorize(cfg: dict, flat) -> None:
     from ..errors import ConfigError
 
     halves = [c.worker for c in load(cfg) if getattr(c, "worker", None) is not None]
-    why = why_not(cfg, flat, halves)
+    why = why_not(cfg, model, halves)
     if why is not None:
         raise ConfigError(
             f"config key 'train.vectorize' = 'on': the workers cannot train stacked because "
@@ -242,14 +246,15 @@ def stacked_deltas(got: dict, names: list[str], flat, start: np.ndarray) -> np.n
     """Every device's update of a trained stack: ``(K, numel)`` float32, row ``i`` =
     device ``i``'s trained parameters (``got``: name -> ``(K, *shape)``, laid out at
     ``flat``'s offsets) minus ``start`` (the flat model the stack started from), the same
-    float32 subtraction as one device's ``flat.to_host() - start``. Float buffers (none in
-    a stack) are left as they were: their delta is 0."""
+    float32 subtraction as one device's ``flat.to_host() - start``. ``names``: the
+    parameters' names, then those of the float buffers ``got`` holds (BatchNorm's, trained
+    per device), in ``flat``'s order; buffers not named keep their start values (delta 0)."""
     k = int(next(iter(got.values())).shape[0])
     out = np.empty((k, start.size), np.float32)
+    out[:, flat.param_numel :] = start[flat.param_numel :]
     for n, off in zip(names, flat.offsets, strict=False):
         v = got[n].detach().reshape(k, -1)
         out[:, off : off + v.shape[1]] = v.cpu().numpy()
-    out[:, flat.param_numel :] = start[flat.param_numel :]
     np.subtract(out, start, out=out)
     return out
 

@@ -137,7 +137,7 @@ class Worker:
         self._sample_numel: int | None = None  # elements of one example (0: not tensors)
         self._built: set[int] = set()  # devices whose data _build_queued built
         if cfg["train"]["vectorize"] != "off":  # ("on": refused before launch if it can't)
-            why = stacking.why_not(cfg, self.task.flat, [type(p) for p in self.plugins])
+            why = stacking.why_not(cfg, self.task.model, [type(p) for p in self.plugins])
             self.stack = why is None
             if why and self.rank == servers + 1:  # (said once: by the first worker)
                 log.warning("train.vectorize = 'auto': every task trains alone because %s", why)
@@ -507,7 +507,8 @@ class Worker:
 
         from ..training.stacked import full_batch_width, masks_supported
 
-        masks = masks_supported(self.loss)
+        # (BatchNorm: padding would enter the batch statistics; devices of one size stack)
+        masks = masks_supported(self.loss) and not self.task.flat.buffer_names
 
         def width(n: int, spec: TaskSpec) -> tuple | None:  # (a stack pads sizes: its width)
             if not masks:
@@ -525,6 +526,8 @@ class Worker:
 
         version = items[0][2]
         jobs = []
+        flat_bufs = self.task.flat.buffer_names  # (BatchNorm's running statistics)
+        start_bufs: list[np.ndarray] = []
         seeds = derive_seeds(self.cfg["seed"], [i[0] for i in items], [i[1] for i in items], TRAIN)
         for (device, task, v, spec), seed in zip(items, seeds.tolist(), strict=True):
             self.doing = f"training device {device} (task {task}, model version {v}, stacked)"
@@ -536,6 +539,8 @@ class Worker:
             job.new_model = True
             for p in self.plugins:
                 p.before_train(device, job)
+            if flat_bufs:  # (what the device starts from: FedBN has put its own there)
+                start_bufs.append(job.flat.buffer_values())
             jobs.append(job)
         self.doing = f"training {len(jobs)} devices stacked (model version {version})"
         dev = jobs[0].torch_device
@@ -554,6 +559,7 @@ class Worker:
         # with masks, every stack pads (to the batch width, or to the full-batch width of
         # its sizes), even one of equal sizes: a device's arithmetic is then its own
         ragged = masks_supported(self.loss) and (0 < bs < min(counts) or not 0 < bs < max(counts))
+        ragged = ragged and not flat_bufs
         if ragged:
             whole = 0 if 0 < bs < min(counts) else full_batch_width(max(counts))
             X, Y = stacking.padded(data, dev, whole)
@@ -570,20 +576,26 @@ class Worker:
             jobs, self.versions[version][: flat.param_numel], names,
             [tuple(start[n].shape) for n in names], list(flat.offsets[: len(names)]),
         )  # fmt: skip
+        bufs = self._stacked_buffers(flat, start_bufs, dev) if flat_bufs else None
         t0 = time.perf_counter()
         got, losses = fit_stacked(
             model, start, X, Y, generators=[j.fit_ctx.generator for j in jobs], loss=self.loss,
             lr=ft.lr, epochs=ft.epochs, steps=ft.steps, batch_size=ft.batch_size,
             momentum=tr["momentum"], weight_decay=tr["weight_decay"], prox_mu=mu,
             corrections=None if corr is None else {n: c.to(dev) for n, c in corr.items()},
-            counts=counts if ragged else None,
+            counts=counts if ragged else None, buffers=bufs,
         )  # fmt: skip
+        if bufs:
+            got.update(bufs)
+            names += flat_bufs
         if dev.startswith("cuda"):
             torch.cuda.synchronize(dev)
         seconds = (time.perf_counter() - t0) / len(jobs)
         steps = {n: plan_steps(ft.epochs, ft.steps, ft.batch_size, n)[1] for n in set(counts)}
         loss_of = losses.tolist()
         deltas = None
+        held = dict(model.named_parameters())
+        held.update((n, model.get_buffer(n)) for n in flat_bufs)
         if all(type(p).after_train is WorkerPlugin.after_train for p in self.plugins):
             # no plugin looks at a device's trained model: every delta at once, each a
             # row of one array (not a pooled buffer: see free), the model left alone
@@ -593,8 +605,8 @@ class Worker:
             job.fit_ctx.steps = steps[counts[i]]
             if deltas is None:
                 with torch.no_grad():
-                    for n, p in zip(names, model.parameters(), strict=True):
-                        p.copy_(got[n][i])
+                    for n in names:  # (the trained parameters and BatchNorm buffers)
+                        held[n].copy_(got[n][i])
                 for p in self.plugins:
                     p.after_train(job.device, job)
                 delta = self.buffer()
@@ -606,6 +618,22 @@ class Worker:
             self._send_update(job.device, job, delta)
         self.stacked_tasks += len(jobs)
         log.debug("rank %d: trained %d tasks stacked", self.rank, len(jobs))
+
+    @staticmethod
+    def _stacked_buffers(flat: FlatParams, rows: list[np.ndarray], dev: str) -> dict:
+        """The float buffers a stack starts from: name -> ``(K, *shape)`` (a contiguous
+        tensor each, on ``dev``), from each device's buffer values (``rows``, the flat
+        vector's buffer entries)."""
+        values = np.stack(rows)
+        base = flat.param_numel
+        out = {}
+        for n, shape, off in zip(flat.names, flat.shapes, flat.offsets, strict=True):
+            if n not in flat.buffer_names:
+                continue
+            size = int(np.prod(shape))
+            part = values[:, off - base : off - base + size].reshape(len(rows), *shape)
+            out[n] = torch.from_numpy(np.ascontiguousarray(part)).to(dev)
+        return out
 
     def _flush(self, device: int, task: int) -> None:
         """End of training: a plugin encodes what the device holds back, or a zero UPDATE

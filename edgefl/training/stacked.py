@@ -23,12 +23,15 @@ devices are grouped. Full-batch devices of different sizes stack too when the ca
 them to one width that depends on each device's own size only (:func:`full_batch_width`):
 each step is the whole padded set, masked.
 
-What it covers: models whose forward pass ``torch.func`` can transform, without buffers
-(no BatchNorm yet); the configured loss as ``loss(output, target)`` (a mean); SGD with
-momentum and weight decay as ``torch.optim.SGD`` computes it. Numerics: the same
-arithmetic in another order (batched matrix products), so the result equals the
-sequential path within float32 rounding, not bit for bit (``tests/test_stacked.py``
-measures the difference); one call is deterministic on one machine.
+What it covers: models whose forward pass ``torch.func`` can transform, with float
+buffers only in BatchNorm layers (each device's running statistics stacked like its
+parameters and updated by its own batches, as its model's are one by one; such a stack
+holds devices of one size: padding would enter the batch statistics); the configured
+loss as ``loss(output, target)`` (a mean); SGD with momentum and weight decay as
+``torch.optim.SGD`` computes it. Numerics: the same arithmetic in another order (batched
+matrix products), so the result equals the sequential path within float32 rounding, not
+bit for bit (``tests/test_stacked.py`` measures the difference); one call is
+deterministic on one machine.
 
 Units: sizes in examples; ``lr`` per step.
 """
@@ -71,6 +74,25 @@ def _per_device_loss(loss: Callable) -> Callable[[torch.Tensor, torch.Tensor], t
 
         return ce
     return vmap(loss)
+
+
+def buffers_why_not(model: nn.Module) -> str | None:
+    """Why ``model``'s buffers keep it off the stacked path (None: they don't). Float
+    buffers are stacked per device only in BatchNorm layers with a ``momentum`` (an
+    exponential average, which a device's own steps define); any other module's float
+    buffers would be updated in ways the stack cannot split by device."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    for name, mod in model.named_modules():
+        own = [b for b in mod._buffers.values() if b is not None and b.is_floating_point()]
+        if not own:
+            continue
+        where = f"{type(mod).__name__} {name!r}" if name else type(mod).__name__
+        if not isinstance(mod, _BatchNorm):
+            return f"the model has float buffers outside BatchNorm ({where})"
+        if mod.momentum is None:
+            return f"{where} has momentum=None (a cumulative average over the rank's steps)"
+    return None
 
 
 def masks_supported(loss: Callable) -> bool:
@@ -169,6 +191,7 @@ def fit_stacked(
     prox_mu: float = 0.0,
     corrections: dict[str, torch.Tensor] | None = None,
     counts: Sequence[int] | None = None,
+    buffers: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Train ``K = X.shape[0]`` devices from the parameters ``start`` (name -> tensor, the
     model's shapes) on their own examples; returns (the trained parameters stacked along a
@@ -196,6 +219,11 @@ def fit_stacked(
             the whole ``n``-wide stack, masked; ``n`` must be every device's
             :func:`full_batch_width`). Either way the same arithmetic for a device in any
             stack.
+        buffers: the float buffers (BatchNorm running statistics) each device starts
+            from, name -> ``(K, *shape)``, needed exactly when the model has some; updated
+            in place by every step's forward pass, as the sequential trainer's steps update
+            a model's (not with ``counts``: padding would enter the batch statistics).
+            The model's own buffers (its integer counters too) are left alone.
 
     The per-device terms are added after ``backward()`` and before the step, where the
     sequential path runs the plugins' gradient hooks; the loss reported is the task loss.
@@ -208,8 +236,19 @@ def fit_stacked(
             f"fit_stacked: {k} devices of {n} examples need {k} generators and targets of "
             f"shape ({k}, {n}, ...), got {len(generators)} and {tuple(Y.shape)}"
         )
-    if any(True for _ in model.buffers()):
-        raise ValueError("fit_stacked: models with buffers (BatchNorm) are not supported yet")
+    why = buffers_why_not(model)
+    if why is not None:
+        raise ValueError(f"fit_stacked: {why}")
+    from ..models.flat import float_buffers
+
+    floats = [name for name, _ in float_buffers(model)]
+    if sorted(buffers or {}) != sorted(floats):
+        raise ValueError(
+            f"fit_stacked: the model's float buffers are {floats or 'none'}, got stacked "
+            f"values for {sorted(buffers or {}) or 'none'}"
+        )
+    if floats and counts is not None:
+        raise ValueError("fit_stacked: a model with BatchNorm buffers cannot take padded counts")
     whole = False  # (counts of full-batch devices: each step the whole padded stack)
     if counts is not None:
         lo, hi = min(counts, default=0), max(counts, default=0)
@@ -233,7 +272,14 @@ def fit_stacked(
     if total == 0:
         return {name: p.expand(k, *p.shape).clone() for name, p in start.items()}, torch.zeros(k)
 
-    forward = vmap(lambda p, xb: functional_call(model, p, (xb,)))
+    if floats:  # (the model's other buffers: copies, so its counters are left alone)
+        fixed = {name: b.clone() for name, b in model.named_buffers() if name not in buffers}
+        with_buffers = vmap(lambda p, b, xb: functional_call(model, (p, b, fixed), (xb,)))
+
+        def forward(p: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
+            return with_buffers(p, buffers, xb)
+    else:
+        forward = vmap(lambda p, xb: functional_call(model, p, (xb,)))
     per_device = _per_device_loss(loss)
 
     def grad_and_loss(params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
@@ -247,53 +293,64 @@ def fit_stacked(
             g = torch.autograd.grad(values.sum(), list(p.values()))
         return dict(zip(p, g, strict=True)), values.detach()
 
-    params = {name: p.detach().expand(k, *p.shape).clone() for name, p in start.items()}
-    bufs: dict[str, torch.Tensor] | None = None
-    losses = []
-    rows = torch.arange(k).unsqueeze(1)
-    if whole:  # (no draws: full batches visit the examples in order, as one by one)
-        mask = torch.arange(n).unsqueeze(0) < torch.tensor(list(counts)).unsqueeze(1)
-        mask = mask.to(torch.float32).to(X.device)
-        active = torch.ones(total, k, dtype=torch.bool, device=X.device)
-        plan = [(None, mask, active[t]) for t in range(total)]
-    elif counts is not None:
-        idx_all, mask_all, active = _ragged_orders(counts, batch_size, epochs, steps, generators)
-        mask_all, active = mask_all.to(X.device), active.to(X.device)  # (CUDA: on the GPU)
-        plan = [(idx_all[t], mask_all[t], active[t]) for t in range(len(active))]
-    else:
-        plan = [(idx, None, None) for idx in _orders(n, bs, total, generators)]
-    for idx, mb, act in plan:
-        xb, yb = (X, Y) if idx is None or (bs >= n and mb is None) else (X[rows, idx], Y[rows, idx])
-        g, value = grad_and_loss(params, xb, yb, mb)
-        losses.append(value)
-        with torch.no_grad():
-            if prox_mu:
-                g = {name: g[name] + prox_mu * (params[name] - start[name]) for name in g}
-            if corrections is not None:
-                g = {name: g[name] + corrections[name] for name in g}
-            if weight_decay:
-                g = {name: g[name] + weight_decay * params[name] for name in params}
-            still = None if act is None or bool(act.all()) else ~act  # (devices done)
-            if momentum:
-                if bufs is None:
-                    bufs = {name: v.clone() for name, v in g.items()}
-                elif still is None:
-                    for name in bufs:
-                        bufs[name].mul_(momentum).add_(g[name])
-                else:
-                    for name in bufs:
-                        new_buf = bufs[name] * momentum + g[name]
-                        bufs[name] = torch.where(_along(still, new_buf), bufs[name], new_buf)
-                g = bufs
-            new = {name: params[name] - lr * g[name] for name in params}
-            if still is not None:
-                new = {name: torch.where(_along(still, v), params[name], v)
-                       for name, v in new.items()}  # fmt: skip
-            params = new
-    if counts is None:
-        return params, torch.stack(losses).mean(0)
-    stepped = active.to(torch.float32)
-    return params, (torch.stack(losses) * stepped).sum(0) / stepped.sum(0).clamp(min=1.0)
+    was_training = model.training
+    model.train()  # (as the sequential trainer: batch statistics, running ones updated)
+    try:
+        params = {name: p.detach().expand(k, *p.shape).clone() for name, p in start.items()}
+        moment: dict[str, torch.Tensor] | None = None  # (SGD's momentum buffers)
+        losses = []
+        rows = torch.arange(k).unsqueeze(1)
+        if whole:  # (no draws: full batches visit the examples in order, as one by one)
+            mask = torch.arange(n).unsqueeze(0) < torch.tensor(list(counts)).unsqueeze(1)
+            mask = mask.to(torch.float32).to(X.device)
+            active = torch.ones(total, k, dtype=torch.bool, device=X.device)
+            plan = [(None, mask, active[t]) for t in range(total)]
+        elif counts is not None:
+            idx_all, mask_all, active = _ragged_orders(
+                counts, batch_size, epochs, steps, generators
+            )
+            mask_all, active = mask_all.to(X.device), active.to(X.device)  # (CUDA: on the GPU)
+            plan = [(idx_all[t], mask_all[t], active[t]) for t in range(len(active))]
+        else:
+            plan = [(idx, None, None) for idx in _orders(n, bs, total, generators)]
+        for idx, mb, act in plan:
+            xb, yb = (
+                (X, Y) if idx is None or (bs >= n and mb is None) else (X[rows, idx], Y[rows, idx])
+            )
+            g, value = grad_and_loss(params, xb, yb, mb)
+            losses.append(value)
+            with torch.no_grad():
+                if prox_mu:
+                    g = {name: g[name] + prox_mu * (params[name] - start[name]) for name in g}
+                if corrections is not None:
+                    g = {name: g[name] + corrections[name] for name in g}
+                if weight_decay:
+                    g = {name: g[name] + weight_decay * params[name] for name in params}
+                still = None if act is None or bool(act.all()) else ~act  # (devices done)
+                if momentum:
+                    if moment is None:
+                        moment = {name: v.clone() for name, v in g.items()}
+                    elif still is None:
+                        for name in moment:
+                            moment[name].mul_(momentum).add_(g[name])
+                    else:
+                        for name in moment:
+                            new_buf = moment[name] * momentum + g[name]
+                            moment[name] = torch.where(
+                                _along(still, new_buf), moment[name], new_buf
+                            )
+                    g = moment
+                new = {name: params[name] - lr * g[name] for name in params}
+                if still is not None:
+                    new = {name: torch.where(_along(still, v), params[name], v)
+                           for name, v in new.items()}  # fmt: skip
+                params = new
+        if counts is None:
+            return params, torch.stack(losses).mean(0)
+        stepped = active.to(torch.float32)
+        return params, (torch.stack(losses) * stepped).sum(0) / stepped.sum(0).clamp(min=1.0)
+    finally:
+        model.train(was_training)
 
 
 def _along(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -301,4 +358,4 @@ def _along(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return flags.view(-1, *([1] * (like.dim() - 1)))
 
 
-__all__ = ["fit_stacked", "full_batch_width", "groups", "masks_supported"]
+__all__ = ["buffers_why_not", "fit_stacked", "full_batch_width", "groups", "masks_supported"]
