@@ -351,13 +351,17 @@ def test_local_resume_is_bit_exact(tmp_path):
     assert all(not np.array_equal(b, init) for b in resumed[2].values())
 
 
-def test_local_statistics_with_a_gate():
+@pytest.mark.parametrize("vectorize", ["off", "on"])
+def test_local_statistics_with_a_gate(vectorize):
     """Hermes-gated devices keep a local model between pushes: their statistics follow it
-    (stored after every local iteration), and the global ones still never move."""
+    (stored after every local iteration), and the global ones still never move; trained
+    one by one or stacked (each row from the device's own local model)."""
     coord = _local_run(
         3, 'algorithm.consistency="asp"', 'algorithm.gate="hermes"',
-        "hermes.max_local_iterations=2",
+        "hermes.max_local_iterations=2", f'train.vectorize="{vectorize}"',
+        'algorithm.plugins=["test_buffers:StackedRecorder"]',
     )  # fmt: skip
+    assert coord.stacked_tasks == (0 if vectorize == "off" else len(REC["start"]))
     init = _bufs(build_model("cnn", _info(), BN_ARGS, 0))
     assert np.array_equal(coord.global_model[coord.task.flat.buffer_slice], init)
     assert REC["delta"] and all(not d.any() for _d, d in REC["delta"])

@@ -86,15 +86,54 @@ def test_a_stackable_plugin_with_an_opaque_hook_is_named():
 
 
 def test_a_rank_that_cannot_stack_trains_the_reference_model(tmp_path):
-    """With a gate the rank says why once and trains every task alone: the one-by-one
+    """With Adam the rank says why once and trains every task alone: the one-by-one
     model, bit for bit."""
     sets = ['output.progress="quiet"', "run.rounds=3", "run.checkpoint_every=0",
-            'algorithm.gate="hermes"', 'algorithm.consistency="asp"']  # fmt: skip
+            'train.optimizer="adam"']  # fmt: skip
     over = dict(parse_override(s) for s in sets)
     off = edgefl.simulate(overrides=over, out=tmp_path / "off", backend="inline")
     over["train.vectorize"] = "auto"
     auto = edgefl.simulate(overrides=over, out=tmp_path / "auto", backend="inline")
     assert auto.model_sha256 == off.model_sha256
+
+
+@pytest.mark.parametrize("allocation", ["fixed", "hermes"])
+def test_gated_devices_train_stacked_from_their_own_local_models(
+    tmp_path, monkeypatch, caplog, allocation
+):
+    """Hermes: each gated device's row of a stack starts from its own local model, and the
+    gate reads the held-out losses the stack measured at once: the same pushes and
+    reports as one by one, the model within rounding; with Hermes' work allocation too
+    (tasks on seeded subsets of their devices' examples)."""
+    common = (
+        'algorithm.gate="hermes"',
+        'algorithm.consistency="asp"',
+        "run.rounds=6",
+        "hermes.max_local_iterations=3",
+        f'algorithm.allocation="{allocation}"',
+    )
+    off = _run(tmp_path / "off", *common)
+
+    def alone(*args, **kwargs):
+        raise AssertionError("a gate of a stacked device evaluated its model alone")
+
+    monkeypatch.setattr("edgefl.algorithms.hermes.worker.evaluate", alone)
+    caplog.set_level("DEBUG", logger="edgefl.worker")
+    on = _run(tmp_path / "on", 'train.vectorize="on"', *common)
+    stacked = on.summary["stacked_tasks"]
+    assert off.summary["stacked_tasks"] == 0 and stacked > 0
+    sizes = [int(m.split()[3]) for m in caplog.messages if m.endswith("tasks stacked")]
+    assert sum(sizes) == stacked and max(sizes) > 1
+    assert _decisions(on) == _decisions(off)  # (every push and report, in virtual time)
+    a, b = _params(on), _params(off)
+    assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
+
+
+def _decisions(result) -> list[tuple]:
+    """(event, device, task) of every iteration, push and dispatch of a run, in order."""
+    lines = (result.run_dir / "events.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    return [(e["event"], e["device"], e["task"]) for e in events if "device" in e]
 
 
 def _why(model=None, halves=(), **cfg_over):
@@ -112,7 +151,7 @@ def test_why_not_names_what_keeps_a_rank_on_the_one_by_one_path():
     from edgefl.algorithms.ordering.worker import OrderingWorker
 
     assert _why() is None
-    assert "algorithm.gate" in _why(algorithm__gate="hermes")
+    assert _why(algorithm__gate="hermes") is None  # (each device from its own model)
     assert "train.client" in _why(train__client="m:f")
     assert "train.optimizer" in _why(train__optimizer="adam")
     other = torch.nn.Linear(3, 2)
@@ -165,6 +204,17 @@ def test_take_group_takes_the_queued_tasks_that_train_with_the_first():
     budget = lambda n: 2 if n > 80 else 8  # noqa: E731
     got = stacking.take_group(q, lambda item: True, mixed.get, dev, budget, width)
     assert [d for d, *_ in got] == [0, 1] and [d for d, *_ in q] == [2]
+    # a subset's size is its task's samples (Hermes' allocation); gated tasks (CONTINUE,
+    # REFRESH) of any version with any_version, never one with a plugin argument
+    q = deque([(0, 1, 3, TaskSpec(samples=12, flags=1)), (1, 1, 5, TaskSpec(samples=12)),
+               (2, 1, 3, TaskSpec(samples=50, flags=9)), (3, 1, 3, TaskSpec(arg=7)),
+               (4, 1, 3, TaskSpec(samples=12, flags=16))])  # fmt: skip
+    sizes = {0: 40, 1: 33, 2: 12, 3: 12, 4: 12}
+    got = stacking.take_group(q, lambda item: True, sizes.get, dev, any_version=True)
+    assert [d for d, *_ in got] == [0, 1, 2] and [d for d, *_ in q] == [3, 4]
+    q = deque([(0, 1, 3, TaskSpec(samples=12)), (1, 1, 5, TaskSpec(samples=12))])
+    got = stacking.take_group(q, lambda item: True, sizes.get, dev)
+    assert [d for d, *_ in got] == [0] and len(q) == 1  # (another version)
 
 
 @pytest.mark.mpi

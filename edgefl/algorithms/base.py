@@ -92,6 +92,10 @@ class LocalJob:
         new_model: the task starts from a global model: always without a gate; with a
             gate (Hermes) when the device adopted a new global model for it (its first
             task after a push, or a REFRESH), not when it goes on from its own.
+        holdout_loss: the trained model's mean loss on the device's held-out split when
+            the worker measured it already (a stack of gated devices measures all of them
+            at once, within float32 rounding of ``evaluate``); None: a gate evaluates
+            ``model`` itself.
     """
 
     device: int
@@ -109,6 +113,7 @@ class LocalJob:
     metrics: dict = field(default_factory=dict)
     flat: Any = None
     new_model: bool = False
+    holdout_loss: float | None = None
 
 
 @dataclass

@@ -207,7 +207,8 @@ _CORE: dict[str, Any] = {
             "off",
             "str",
             "off: each task trains alone (the reference; every golden hash). auto: a "
-            "worker trains its queued tasks of one model version as one stacked torch.func "
+            "worker trains its queued tasks of one model version (with a gate: each from "
+            "its device's own local model) as one stacked torch.func "
             "computation where it can (equal to off within float32 rounding, not bit for "
             "bit), else alone, saying why once; on: as auto, but a job whose workers "
             "cannot stack is refused before it starts (docs/performance.md).",

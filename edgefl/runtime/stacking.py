@@ -1,21 +1,22 @@
 """A worker's queued tasks trained together (``train.vectorize = "auto"``).
 
-The tasks at the head of a worker's queue that start from one model version with the same
-task spec, on devices with the same number of training examples, are trained as one
-stacked computation (:func:`edgefl.training.stacked.fit_stacked`); each then goes on
-exactly as a task trained alone does (``after_train``, the update pipeline, its own
-update message). Each device draws its example orders from its own task generator, as
-the sequential path does; the stacked arithmetic equals it within float32 rounding, not
-bit for bit (docs/performance.md), so a run with ``auto`` has a model hash of its own:
-the same run to run and over MPI or in one process (a device's stacked result does not
+Queued tasks with the same task spec on devices of one kind (the same number of training
+examples, or the same padded width: :func:`take_group`) are trained as one stacked
+computation (:func:`edgefl.training.stacked.fit_stacked`): from one model version, or
+with a gate (Hermes) each device from its own local model; each then goes on exactly as
+a task trained alone does (``after_train``, the gate, the update pipeline, its own
+message). Each device draws its example orders from its own task generator, as the
+sequential path does; the stacked arithmetic equals it within float32 rounding, not bit
+for bit (docs/performance.md), so a run with ``auto`` has a model hash of its own: the
+same run to run and over MPI or in one process (a device's stacked result does not
 depend on which devices share its stack, which the timing of the queue decides).
 
-What the stacked path covers today, checked once per rank (:func:`why_not`): the built-in
-trainer with SGD, no gate, a model whose float buffers are BatchNorm's (stacked per device:
-:func:`edgefl.training.stacked.buffers_why_not`), no worker plugin that hooks into a
-task's training (``before_train``, ``train``, ``after_train``, ``gate``: FedProx,
-SCAFFOLD, FedBN, federated evaluation, example ordering, Hermes), no debug fault hooks.
-Otherwise every task trains alone and the rank says why, once.
+What the stacked path covers, checked once per rank (:func:`why_not`): the built-in
+trainer with SGD, a model whose float buffers are BatchNorm's (stacked per device:
+:func:`edgefl.training.stacked.buffers_why_not`), worker plugins whose training hooks
+(``before_train``, ``train``, ``after_train``, ``gate``) are declared stackable (FedProx,
+SCAFFOLD, FedBN, federated evaluation, Hermes; not example ordering), no debug fault
+hooks. Otherwise every task trains alone and the rank says why, once.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..algorithms.hooks import overrides
+from ..comm.taskflags import CONTINUE, REFRESH
 
 if TYPE_CHECKING:  # (annotations only)
     from ..algorithms.base import TaskSpec
@@ -63,10 +65,6 @@ def why_not(cfg: dict, model, halves: list[type]) -> str | None:
             in plugin order.
     """
     tr = cfg["train"]
-    if cfg["algorithm"]["gate"] != "always":
-        return (
-            f"algorithm.gate = {cfg['algorithm']['gate']!r} (devices train locally between pushes)"
-        )
     if tr["client"]:
         return f"train.client = {tr['client']!r} (a user's client trains its own way)"
     if tr["optimizer"] != "sgd":
@@ -123,6 +121,12 @@ def check_vectorize(cfg: dict, model) -> None:
         )
 
 
+#: task flags a stacked task may carry: a gated device going on from its own local model
+#: (CONTINUE), or adopting a broadcast one first (REFRESH); each device of a stack starts
+#: from its own model then
+STACK_FLAGS = CONTINUE | REFRESH
+
+
 def take_group(
     queue: deque,
     ready: Callable[[tuple], bool],
@@ -130,25 +134,35 @@ def take_group(
     torch_dev: dict[int, str],
     limit: Callable[[int], int] = lambda n: MAX_GROUP,
     width: Callable[[int, TaskSpec], object] = lambda n, spec: None,
+    any_version: bool = False,
 ) -> list[tuple[int, int, int, TaskSpec]]:
     """Take the first task of ``queue`` ((device, task, version, spec) items) and the
-    queued tasks that train together with it: same version and spec with plain flags,
-    ready, the same torch device, and either the same training split size
-    (``size_of(device)``: None when the split is not a tensor dataset) or, when a stack
-    pads sizes, the same ``width(size, spec)`` (not None: the batch width each step of
-    theirs has); at most ``limit(largest size)`` tasks (the memory budget:
-    :func:`stack_limit`), found among the first :data:`SCAN` queued. The others stay
-    queued in their order; a task of a device passed over is not taken before it. []
-    when the first task cannot train stacked (it then trains alone); a group may be that
-    one task: every task that can goes the stacked way, so which tasks happen to be queued
-    together does not change a model (a device's result does not depend on the others in
-    its stack)."""
+    queued tasks that train together with it: same version (any, with ``any_version``:
+    each device starts from its own model, a gate's) and batch size, flags within
+    :data:`STACK_FLAGS`, no plugin argument, ready, the same torch device, and either the
+    same number of training examples (``size_of(device)``, or the task's ``samples`` when
+    fewer; None when the split is not a tensor dataset) or, when a stack pads sizes, the
+    same ``width(size, spec)`` (not None: the batch width each step of theirs has); at
+    most ``limit(largest size)`` tasks (the memory budget: :func:`stack_limit`), found
+    among the first :data:`SCAN` queued. The others stay queued in their order; a task
+    of a device passed over is not taken before it. [] when the first task cannot train
+    stacked (it then trains alone); a group may be that one task: every task that can
+    goes the stacked way, so which tasks happen to be queued together does not change a
+    model (a device's result does not depend on the others in its stack)."""
     if not queue or not ready(queue[0]):
         return []
     d0, _, v0, s0 = queue[0]
-    if s0.flags or s0.samples or s0.arg:
+
+    def examples(d: int, spec: TaskSpec) -> int | None:
+        n = size_of(d)
+        return spec.samples if n is not None and 0 < spec.samples < n else n
+
+    def plain(spec: TaskSpec) -> bool:
+        return not (spec.flags & ~STACK_FLAGS or spec.arg)
+
+    if not plain(s0):
         return []
-    n0 = size_of(d0)
+    n0 = examples(d0, s0)
     if n0 is None:
         return []
     key = width(n0, s0)
@@ -161,10 +175,10 @@ def take_group(
         if d in seen:
             continue
         seen.add(d)
-        same = (v, s.batch, s.flags, s.samples, s.arg) == (v0, s0.batch, 0, 0, 0)
+        same = (any_version or v == v0) and s.batch == s0.batch and plain(s)
         if not same or torch_dev[d] != torch_dev[d0] or not ready(item):
             continue
-        n = size_of(d)
+        n = examples(d, s)
         if n is None or (n != n0 and (key is None or width(n, s) != key)):
             continue
         if len(picked) + 1 > limit(max(largest, n)):
@@ -187,16 +201,21 @@ def gradient_terms(jobs: list, start: np.ndarray, names: list[str], shapes: list
     """What the stackable plugins' ``before_train`` added to ``jobs`` (their
     ``fit_ctx``), as :func:`edgefl.training.stacked.fit_stacked` takes it: (the proximal
     coefficient, the per-device constant terms by parameter name, ``(K, *shape)``, or
-    None). Raises RuntimeError naming the device when a job holds what the stacked step
-    cannot run (a loss penalty, an opaque gradient hook, a proximal anchor other than the
-    start model, coefficients that differ between devices)."""
+    None). ``start``: the flat parameters the stack starts from, one row for all
+    (``(numel,)``) or one per job (``(K, numel)``: a gate's devices, each from its own
+    model). A proximal term anchored away from a device's start (a gated device's local
+    model, FedProx anchored at the global one) is the same coefficient plus the constant
+    ``mu * (start - anchor)``. Raises RuntimeError naming the device when a job holds what
+    the stacked step cannot run (a loss penalty, an opaque gradient hook, coefficients
+    that differ between devices)."""
     import torch
 
     from ..training.gradterms import ConstantTerm, ProximalTerm
 
     mus, consts = set(), []
-    for job in jobs:
+    for i, job in enumerate(jobs):
         ctx, mu, const = job.fit_ctx, 0.0, None
+        own = start if start.ndim == 1 else start[i]
         if ctx.penalties:
             raise RuntimeError(
                 f"device {job.device}: a plugin declared stackable added a loss penalty, "
@@ -204,12 +223,11 @@ def gradient_terms(jobs: list, start: np.ndarray, names: list[str], shapes: list
             )
         for h in ctx.grad_hooks:
             if isinstance(h, ProximalTerm):
-                if not np.array_equal(h.anchor[: start.size], start):
-                    raise RuntimeError(
-                        f"device {job.device}: a proximal term anchored away from the start "
-                        "model cannot be stacked"
-                    )
                 mu += h.mu
+                anchor = h.anchor[: own.size]
+                if not np.array_equal(anchor, own):
+                    away = (h.mu * (own - anchor)).astype(np.float32)
+                    const = away if const is None else const + away
             elif isinstance(h, ConstantTerm):
                 const = h.values.copy() if const is None else const + h.values
             else:
@@ -233,6 +251,7 @@ def gradient_terms(jobs: list, start: np.ndarray, names: list[str], shapes: list
 
 __all__ = [
     "MAX_GROUP",
+    "STACK_FLAGS",
     "check_vectorize",
     "stack_limit",
     "support_markdown",

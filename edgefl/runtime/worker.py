@@ -517,17 +517,19 @@ class Worker:
             return ("batch", bs) if 0 < bs < n else ("whole", full_batch_width(n))
 
         return stacking.take_group(self.queue, self._ready, size_of, self.torch_dev, limit,
-                                   width)  # fmt: skip
+                                   width, any_version=self.gated)  # fmt: skip
 
     def _train_group(self, items: list[tuple[int, int, int, TaskSpec]]) -> None:
         """Train ``items`` (:func:`.stacking.take_group`) as one stack, then each goes on as
-        a task trained alone does (``after_train``, the update pipeline, its UPDATE)."""
+        a task trained alone does (``after_train``, the gate, the update pipeline, its
+        UPDATE or REPORT). Without a gate every device starts from the model version of
+        the stack; with one, each from its own local model (``_local_state``)."""
         from ..training.stacked import fit_stacked, full_batch_width, masks_supported
 
-        version = items[0][2]
-        jobs = []
+        version, gated = items[0][2], self.gated
+        jobs, states, holdouts = [], [], []
         flat_bufs = self.task.flat.buffer_names  # (BatchNorm's running statistics)
-        start_bufs: list[np.ndarray] = []
+        rows: list[np.ndarray] = []  # each device's start: float buffers, or all (a gate)
         seeds = derive_seeds(self.cfg["seed"], [i[0] for i in items], [i[1] for i in items], TRAIN)
         for (device, task, v, spec), seed in zip(items, seeds.tolist(), strict=True):
             self.doing = f"training device {device} (task {task}, model version {v}, stacked)"
@@ -535,18 +537,35 @@ class Worker:
                 self.snapshots[device] = (task, devstate.snapshot(self, device))
             self.debug.before_task()
             st = self._local_state(device, v, spec.flags)
-            job, _ = self._job(device, task, v, spec, st, seed)
-            job.new_model = True
+            job, holdout = self._job(device, task, v, spec, st, seed)
+            job.new_model = st.fresh or not gated
+            st.fresh = False
             for p in self.plugins:
                 p.before_train(device, job)
-            if flat_bufs:  # (what the device starts from: FedBN has put its own there)
-                start_bufs.append(job.flat.buffer_values())
+            if gated:  # (its own model, as before_train left it: FedBN's buffers in it)
+                rows.append(job.flat.to_host().copy())
+            elif flat_bufs:  # (what the device starts from: FedBN has put its own there)
+                rows.append(job.flat.buffer_values())
             jobs.append(job)
+            states.append(st)
+            holdouts.append(holdout)
         self.doing = f"training {len(jobs)} devices stacked (model version {version})"
         dev = jobs[0].torch_device
         model, flat = self.model_on(dev)
-        flat.from_host(self.versions[version])
-        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        names = [n for n, _ in model.named_parameters()]
+        bufs = None
+        if gated:
+            each = np.stack(rows)
+            starts = each[:, : flat.param_numel]
+            start = self._stacked_rows(flat, each, names, dev, 0)
+            if flat_bufs:
+                bufs = self._stacked_rows(flat, each, flat_bufs, dev, 0)
+        else:
+            flat.from_host(self.versions[version])
+            starts = self.versions[version][: flat.param_numel]
+            start = {n: p.detach().clone() for n, p in model.named_parameters()}
+            if flat_bufs:
+                bufs = self._stacked_rows(flat, np.stack(rows), flat_bufs, dev, flat.param_numel)
         data = [as_tensors(j.dataset) for j in jobs]
         if any(xy is None for xy in data):
             raise RuntimeError(
@@ -571,12 +590,10 @@ class Worker:
         else:
             X = torch.stack([x for x, _ in data]).to(dev)
             Y = torch.stack([y for _, y in data]).to(dev)
-        names = [n for n, _ in model.named_parameters()]
         mu, corr = stacking.gradient_terms(
-            jobs, self.versions[version][: flat.param_numel], names,
-            [tuple(start[n].shape) for n in names], list(flat.offsets[: len(names)]),
+            jobs, starts, names, [tuple(model.get_parameter(n).shape) for n in names],
+            list(flat.offsets[: len(names)]),
         )  # fmt: skip
-        bufs = self._stacked_buffers(flat, start_bufs, dev) if flat_bufs else None
         t0 = time.perf_counter()
         got, losses = fit_stacked(
             model, start, X, Y, generators=[j.fit_ctx.generator for j in jobs], loss=self.loss,
@@ -585,6 +602,7 @@ class Worker:
             corrections=None if corr is None else {n: c.to(dev) for n, c in corr.items()},
             counts=counts if ragged else None, buffers=bufs,
         )  # fmt: skip
+        gate_losses = self._held_out_losses(model, got, bufs, holdouts, dev) if gated else None
         if bufs:
             got.update(bufs)
             names += flat_bufs
@@ -596,42 +614,72 @@ class Worker:
         deltas = None
         held = dict(model.named_parameters())
         held.update((n, model.get_buffer(n)) for n in flat_bufs)
-        if all(type(p).after_train is WorkerPlugin.after_train for p in self.plugins):
+        if not gated and all(type(p).after_train is WorkerPlugin.after_train for p in self.plugins):
             # no plugin looks at a device's trained model: every delta at once, each a
             # row of one array (not a pooled buffer: see free), the model left alone
             deltas = stacking.stacked_deltas(got, names, flat, self.versions[version])
         for i, job in enumerate(jobs):
-            self.doing = f"training device {job.device} (task {job.task}, stacked)"
+            device, st = job.device, states[i]
+            self.doing = f"training device {device} (task {job.task}, stacked)"
             job.fit_ctx.steps = steps[counts[i]]
+            loss = loss_of[i]
             if deltas is None:
                 with torch.no_grad():
                     for n in names:  # (the trained parameters and BatchNorm buffers)
                         held[n].copy_(got[n][i])
                 for p in self.plugins:
-                    p.after_train(job.device, job)
+                    p.after_train(device, job)
+            if gated:
+                np.copyto(st.params, flat.to_host())
+                st.iterations += 1
+                job.holdout_loss = None if gate_losses is None else gate_losses[i]
+                push, loss, z = self._hook("gate", device, job, holdouts[i], st.iterations)
+                if not push:
+                    self.t.send(0, Kind.REPORT, device=device, round=job.task,
+                                aux=(float(len(job.dataset)), float(loss), seconds, z))  # fmt: skip
+                    continue
+                del self.local[device]
+            if deltas is None:
                 delta = self.buffer()
-                np.subtract(flat.to_host(), self.versions[version], out=delta)
+                base = st.params if gated else flat.to_host()
+                np.subtract(base, self.versions[st.base], out=delta)
             else:
                 delta = deltas[i]
-            self.debug.alter(job.device, delta)
-            job.aux = (float(self.data.num_samples(job.device)), loss_of[i], seconds, 0.0)
-            self._send_update(job.device, job, delta)
+            self.debug.alter(device, delta)
+            job.aux = (float(self.data.num_samples(device)), float(loss), seconds,
+                       float(st.iterations))  # fmt: skip
+            self._send_update(device, job, delta)
         self.stacked_tasks += len(jobs)
         log.debug("rank %d: trained %d tasks stacked", self.rank, len(jobs))
 
+    def _held_out_losses(self, model, got: dict, bufs: dict | None, holdouts: list,
+                         dev: str) -> list[float] | None:  # fmt: skip
+        """A gated stack's held-out losses, each device's trained model on its own split,
+        at once (:func:`~edgefl.training.stacked.held_out_losses`); None when they are not
+        tensors or the loss is not the built-in cross-entropy (the gate evaluates each)."""
+        from ..training.stacked import held_out_losses, masks_supported
+
+        data = [None if h is None else as_tensors(h) for h in holdouts]
+        if not masks_supported(self.loss) or any(xy is None for xy in data):
+            return None
+        if not any(len(y) for _, y in data):
+            return None
+        X, Y = stacking.padded(data, dev)
+        got = held_out_losses(model, got, X, Y, [len(y) for _, y in data], buffers=bufs)
+        return None if got is None else got.tolist()
+
     @staticmethod
-    def _stacked_buffers(flat: FlatParams, rows: list[np.ndarray], dev: str) -> dict:
-        """The float buffers a stack starts from: name -> ``(K, *shape)`` (a contiguous
-        tensor each, on ``dev``), from each device's buffer values (``rows``, the flat
-        vector's buffer entries)."""
-        values = np.stack(rows)
-        base = flat.param_numel
+    def _stacked_rows(flat: FlatParams, rows: np.ndarray, names: list[str], dev: str,
+                      base: int) -> dict:  # fmt: skip
+        """Tensors ``names`` of a stack, name -> ``(K, *shape)`` (a contiguous tensor each,
+        on ``dev``), from each device's flat values ``rows`` (``(K, m)``: the flat vector's
+        entries from element ``base`` on)."""
         out = {}
         for n, shape, off in zip(flat.names, flat.shapes, flat.offsets, strict=True):
-            if n not in flat.buffer_names:
+            if n not in names:
                 continue
             size = int(np.prod(shape))
-            part = values[:, off - base : off - base + size].reshape(len(rows), *shape)
+            part = rows[:, off - base : off - base + size].reshape(len(rows), *shape)
             out[n] = torch.from_numpy(np.ascontiguousarray(part)).to(dev)
         return out
 

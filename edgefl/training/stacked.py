@@ -199,7 +199,8 @@ def fit_stacked(
 
     Args:
         model: the architecture (its own parameters are not used or changed).
-        start: the start parameters (every device starts from them).
+        start: the start parameters: of the model's shapes (every device starts from them)
+            or ``(K, *shape)`` (each device from its own row: a gate's local models).
         X: examples, ``(K, n, ...)``; Y: targets, ``(K, n, ...)``.
         generators: one per device (its task's seeded generator, as the sequential path).
         loss: ``loss(output, target)``, the mean over the batch.
@@ -269,8 +270,16 @@ def fit_stacked(
     bs, total = plan_steps(epochs, steps, batch_size, n)
     if whole:  # (steps of a full batch: as many for every device, whatever its size)
         bs, total = n, plan_steps(epochs, steps, 0, max(counts))[1]
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    own = all(tuple(start[name].shape) == (k, *shapes[name]) for name in start)
+
+    def stacked_start() -> dict[str, torch.Tensor]:
+        if own:
+            return {name: p.detach().clone() for name, p in start.items()}
+        return {name: p.detach().expand(k, *p.shape).clone() for name, p in start.items()}
+
     if total == 0:
-        return {name: p.expand(k, *p.shape).clone() for name, p in start.items()}, torch.zeros(k)
+        return stacked_start(), torch.zeros(k)
 
     if floats:  # (the model's other buffers: copies, so its counters are left alone)
         fixed = {name: b.clone() for name, b in model.named_buffers() if name not in buffers}
@@ -296,7 +305,7 @@ def fit_stacked(
     was_training = model.training
     model.train()  # (as the sequential trainer: batch statistics, running ones updated)
     try:
-        params = {name: p.detach().expand(k, *p.shape).clone() for name, p in start.items()}
+        params = stacked_start()
         moment: dict[str, torch.Tensor] | None = None  # (SGD's momentum buffers)
         losses = []
         rows = torch.arange(k).unsqueeze(1)
@@ -353,9 +362,64 @@ def fit_stacked(
         model.train(was_training)
 
 
+def held_out_losses(
+    model: nn.Module,
+    params: dict[str, torch.Tensor],
+    X: torch.Tensor,
+    Y: torch.Tensor,
+    counts: Sequence[int],
+    buffers: dict[str, torch.Tensor] | None = None,
+) -> torch.Tensor | None:
+    """Each device's mean cross-entropy on its own held-out examples, its own model: a
+    gate's measure of a stack at once, as :func:`edgefl.models.train.evaluate` computes
+    it one device at a time (the sum of the examples' losses over their number; eval
+    mode: BatchNorm uses each device's running statistics), within float32 rounding.
+
+    Args:
+        model: the architecture (its own parameters and buffers are not used).
+        params: each device's parameters, name -> ``(K, *shape)``.
+        X: examples ``(K, h, ...)``, device ``i``'s in the first ``counts[i]`` of row ``i``
+            (the rest padding); Y: class targets ``(K, h)``.
+        counts: each device's number of held-out examples.
+        buffers: each device's float buffers (name -> ``(K, *shape)``), if the model has.
+
+    Returns ``(K,)`` float32 (nan for a device without held-out examples), or None when
+    the model's output is not ``(K, h, classes)`` logits (the gate then evaluates each
+    device alone).
+    """
+    import torch.nn.functional as F
+    from torch.func import functional_call, vmap
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            if buffers:
+                run = vmap(lambda p, b, x: functional_call(model, (p, b), (x,)))
+                out = run(params, buffers, X)
+            else:
+                out = vmap(lambda p, x: functional_call(model, p, (x,)))(params, X)
+            if out.dim() != 3 or Y.dim() != 2:
+                return None
+            n = torch.tensor([int(c) for c in counts], device=X.device)
+            mask = torch.arange(int(X.shape[1]), device=X.device).unsqueeze(0) < n.unsqueeze(1)
+            each = F.cross_entropy(out.transpose(1, 2), Y, reduction="none")
+            total = (each * mask).sum(1)
+            return torch.where(n > 0, total / n.clamp(min=1), torch.full_like(total, torch.nan))
+    finally:
+        model.train(was_training)
+
+
 def _along(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Per-device ``flags`` ``(K,)`` shaped to broadcast over ``like`` ``(K, ...)``."""
     return flags.view(-1, *([1] * (like.dim() - 1)))
 
 
-__all__ = ["buffers_why_not", "fit_stacked", "full_batch_width", "groups", "masks_supported"]
+__all__ = [
+    "buffers_why_not",
+    "fit_stacked",
+    "full_batch_width",
+    "groups",
+    "held_out_losses",
+    "masks_supported",
+]

@@ -16,12 +16,12 @@ class HermesWorker(WorkerPlugin):
     out; after every local iteration the gate sees the held-out loss and says whether the
     device pushes (at most ``hermes.max_local_iterations`` iterations without a push)."""
 
-    # without a gate its hooks do nothing (and a gated rank never stacks: the gate needs
-    # each device's own local model between pushes)
+    # stacked, each gated device trains from its own local model and the gate reads the
+    # held-out losses the stack measured at once (job.holdout_loss)
     stackable = True
     stack_note = (
-        "its hooks do nothing without a gate; a gate (`algorithm.gate`) keeps the rank one "
-        "by one: it needs each device's own local model between pushes"
+        "each gated device's stack row starts from its own local model; the gate reads "
+        "the held-out losses measured for the whole stack at once"
     )
 
     def __init__(self, ctx: WorkerContext, name: str) -> None:
@@ -47,9 +47,11 @@ class HermesWorker(WorkerPlugin):
         """(push?, the held-out loss, the gate's score) after one local iteration."""
         if not self.gated:
             return None
-        with torch.no_grad():
-            loss = evaluate(job.model, holdout, self.ctx.task_kind,
-                            device=job.torch_device, loss=self.ctx.loss)[0]  # fmt: skip
+        loss = job.holdout_loss
+        if loss is None:
+            with torch.no_grad():
+                loss = evaluate(job.model, holdout, self.ctx.task_kind,
+                                device=job.torch_device, loss=self.ctx.loss)[0]  # fmt: skip
         if not math.isfinite(loss):  # pushed as it is: rank 0 quarantines it (the gate's
             return True, loss, 0.0  # window stays clean and the device restarts)
         g = self._gate(d)
