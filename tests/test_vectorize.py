@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -244,3 +245,28 @@ def test_the_support_table_in_the_docs_is_current():
         "docs/performance.md: the vectorize support table is stale; paste "
         "stacking.support_markdown(builtin_classes())"
     )
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from golden.configs import HERMES, PINNED, job, run_loopback_dir  # noqa: E402
+
+FEDBN = ('model.name="cnn"', "model.args.batchnorm=true", 'data.source="partition"',
+         'data.args={dataset="digits", scheme="iid"}', 'model.buffers="local"')  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra", [(), HERMES, FEDBN, (*FEDBN, *HERMES[-7:])], ids=["bsp", "hermes", "fedbn", "both"]
+)
+def test_a_stacked_run_stopped_and_resumed_ends_with_the_same_model(tmp_path, extra):
+    """Stop a vectorized run at round 3, resume it from the checkpoint: the same final
+    model as the uninterrupted vectorized run, bit for bit (a gate's local models, Hermes'
+    allocation and FedBN's per-device statistics come back from the checkpoint)."""
+    sets = job(PINNED, "fleet.devices=6", "fleet.ranks=3", *extra, "run.rounds=6",
+               "run.checkpoint_every=1", 'train.vectorize="on"')  # fmt: skip
+    whole = run_loopback_dir(sets, tmp_path / "whole")
+    part = run_loopback_dir(job(sets, "debug.stop_after_round=3"), tmp_path / "part")
+    assert part["rounds_done"] == 3 and whole["stacked_tasks"] > 0
+    ckpt = tmp_path / "part" / "checkpoints" / "ckpt-000003.h5"
+    resumed = run_loopback_dir(sets, tmp_path / "resumed", resume=ckpt)
+    assert resumed["model_sha256"] == whole["model_sha256"]
+    assert resumed["rounds_done"] == whole["rounds_done"] == 6
