@@ -73,7 +73,7 @@ class _RecorderWorker(WorkerPlugin):
         flat = job.flat
         with _LOCK:
             REC["end"].append((up.device, job.task, _bufs(job.model), up.aux[0]))
-            REC["delta"].append((up.device, up.delta[flat.buffer_slice].copy()))
+            REC["delta"].append(((up.device, job.task), up.delta[flat.buffer_slice].copy()))
 
 
 class Recorder(Plugin):
@@ -375,24 +375,12 @@ def test_local_statistics_with_a_gate(vectorize):
 # ------------------------------------------------- stacked training (train.vectorize)
 
 
-class _StackedRecorderWorker(WorkerPlugin):
-    """Records each task's starting buffers (``job.model`` before training) and its update's
-    buffer entries (the trained statistics minus the start, or zeros under FedBN), and
-    under FedBN, whose ``after_train`` puts each device's trained model in ``job.model``,
-    the trained statistics too. Reads only: stackable."""
+class _StackedRecorderWorker(_RecorderWorker):
+    """The recorder, stackable (it reads only): ``end`` is ``job.model``'s statistics at
+    ``encode``, the trained ones where a plugin's ``after_train`` put the device's trained
+    model there (FedBN), else the start's (the stack's deltas are taken at once)."""
 
     stackable = True
-
-    def before_train(self, d, job):
-        with _LOCK:
-            REC["start"].append((d, job.task, _bufs(job.model)))
-
-    def encode(self, up, job):
-        if up.flush:
-            return
-        with _LOCK:
-            REC["end"].append((up.device, job.task, _bufs(job.model), 0))
-            REC["delta"].append(((up.device, job.task), up.delta[job.flat.buffer_slice].copy()))
 
 
 class StackedRecorder(Plugin):
