@@ -86,6 +86,24 @@ def test_a_stackable_plugin_with_an_opaque_hook_is_named():
         stacking.gradient_terms([ok, bad], np.zeros(4, np.float32), ["w"], [(2, 2)], [0])
 
 
+def test_a_proximal_term_anchored_away_from_a_devices_start_becomes_a_constant():
+    """A gated device starts from its own local model while FedProx anchors it at the
+    global one: mu * (w - anchor) = mu * (w - start) + mu * (start - anchor)."""
+    from edgefl.training.gradterms import ProximalTerm
+
+    p = torch.zeros(4, requires_grad=True)
+    starts = np.array([[1, 2, 3, 4], [0, 0, 0, 0]], np.float32)  # (one row per device)
+    anchor = np.array([1, 1, 1, 1], np.float32)
+    jobs = [SimpleNamespace(device=d, fit_ctx=SimpleNamespace(
+                penalties=[], grad_hooks=[ProximalTerm([p], [0], anchor, 0.5)]))
+            for d in range(2)]  # fmt: skip
+    mu, corr = stacking.gradient_terms(jobs, starts, ["w"], [(4,)], [0])
+    assert mu == 0.5
+    np.testing.assert_array_equal(corr["w"].numpy(), 0.5 * (starts - anchor))
+    mu, corr = stacking.gradient_terms(jobs, anchor, ["w"], [(4,)], [0])  # (anchored there)
+    assert mu == 0.5 and corr is None
+
+
 def test_a_rank_that_cannot_stack_trains_the_reference_model(tmp_path):
     """With Adam the rank says why once and trains every task alone: the one-by-one
     model, bit for bit."""
