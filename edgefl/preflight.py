@@ -132,7 +132,7 @@ def preflight(cfg: dict, show: Any = None) -> str:
         else:
             logging.getLogger(__name__).info(line)
     check_training(cfg, task)  # train.loss, train.optimizer, train.client
-    check_vectorize(cfg, task.model)  # train.vectorize = "on" on a job that cannot stack
+    check_vectorize(cfg, task.model, task.data)  # train.vectorize = "on" on a job that cannot stack
     if cfg["sim"]["clock"] == "virtual":
         from .sim.profiles import load_fleet
 

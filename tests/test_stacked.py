@@ -342,3 +342,63 @@ def test_full_batch_devices_of_different_sizes_stack_padded_to_their_width(kind,
         alone, _ = fit_stacked(model, start, X[d : d + 1], Y[d : d + 1], generators=[_gens()[d]],
                                loss=ce, counts=[n], **opts)  # fmt: skip
         assert all(torch.equal(alone[name][0], got[name][d]) for name in start), d
+
+
+def test_an_lstm_trains_stacked_unrolled_as_the_sequential_trainer_does():
+    """vmap has no batching rule for the fused LSTM kernel: the stack runs a plain
+    ``nn.LSTM`` step by step (models.per_example.functional_twin); each device ends within
+    rounding of the sequential trainer's model and loss, and the model is left alone."""
+    from types import SimpleNamespace
+
+    from edgefl.models import build_model
+    from edgefl.training.losses import CrossEntropy
+
+    info = SimpleNamespace(input_shape=(6,), num_classes=12, task="lm", input_dtype="int64")
+    model = build_model("lstm", info, {"embed": 4, "hidden": 8}, 3)
+    assert type(model.lstm) is nn.LSTM
+    g = torch.Generator().manual_seed(4)
+    X = torch.randint(0, 12, (K, 10, 6), generator=g)
+    Y = torch.randint(0, 12, (K, 10, 6), generator=g)
+    lm = CrossEntropy("lm")
+    opts = dict(lr=0.5, epochs=1, steps=0, batch_size=4, momentum=0.5, weight_decay=0.0)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    got, got_loss = fit_stacked(model, start, X, Y, generators=_gens(), loss=lm, **opts)
+    assert all(torch.equal(p, start[n]) for n, p in model.named_parameters())
+    assert type(model.lstm).forward is nn.LSTM.forward and "forward" not in vars(model.lstm)
+    for d in range(K):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(start[n])
+        opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.5)
+        g = _gens()[d]
+        ctx = FitContext(d, 0, 0, g, "cpu", lm, None)
+        loss, _ = fit_loop(model, TensorDataset(X[d], Y[d]), epochs=1, steps=0, batch_size=4,
+                           generator=g, optimizer=opt, ctx=ctx)  # fmt: skip
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(got[n][d], p.detach(), rtol=1e-5, atol=1e-6)
+            assert not torch.equal(p, start[n])
+        assert abs(got_loss[d].item() - loss) < 1e-5
+
+
+class _Unbatchable(nn.Module):
+    """A forward that reads a value out of its input (``.item()``): vmap cannot batch it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * (1.0 if x.sum().item() > 0 else 1.0)
+
+
+def test_probe_says_why_a_model_cannot_train_stacked():
+    from edgefl.training.stacked import probe
+
+    X, Y = _data()
+    ce = nn.functional.cross_entropy
+    assert probe(_model("mlp"), X[0], Y[0], ce) is None
+    bn = nn.Sequential(nn.Linear(D, 8), nn.BatchNorm1d(8), nn.Linear(8, C))
+    assert probe(bn, X[0], Y[0], ce) is None
+    why = probe(_Unbatchable(), X[0], Y[0], ce)
+    assert why.startswith("the model cannot train stacked under torch.func.vmap (")
+    assert "\n" not in why

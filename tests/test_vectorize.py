@@ -86,6 +86,47 @@ def test_a_stackable_plugin_with_an_opaque_hook_is_named():
         stacking.gradient_terms([ok, bad], np.zeros(4, np.float32), ["w"], [(2, 2)], [0])
 
 
+class Unbatchable(torch.nn.Module):
+    """A custom model whose forward vmap cannot batch (it reads ``.item()``)."""
+
+    def __init__(self, info) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(int(np.prod(info.input_shape)), info.num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x.flatten(1)) * (1.0 if x.sum().item() > -1e30 else 2.0)
+
+
+def test_a_model_vmap_cannot_batch_trains_alone_or_is_refused(tmp_path, caplog):
+    """``auto``: the workers try the model once, say why in one line and train every task
+    alone (the one-by-one model, bit for bit); ``on``: refused before the run starts."""
+    from edgefl.errors import ConfigError
+
+    custom = ('model.name="test_vectorize:Unbatchable"',)
+    off = _run(tmp_path / "off", *custom)
+    auto = _run(tmp_path / "auto", 'train.vectorize="auto"', *custom)
+    assert auto.model_sha256 == off.model_sha256 and auto.summary["stacked_tasks"] == 0
+    said = [m for m in caplog.messages if "cannot train stacked under torch.func.vmap" in m]
+    assert len(said) == 1 and said[0].startswith("train.vectorize = 'auto': every task trains")
+    with pytest.raises(ConfigError, match=r"'on'.*cannot train stacked under torch.func.vmap"):
+        _run(tmp_path / "on", 'train.vectorize="on"', *custom)
+
+
+def test_an_lstm_trains_alone_under_auto_and_stacked_under_on(tmp_path, caplog):
+    """Stacked, a plain nn.LSTM runs unrolled (slower than its fused kernel): ``auto``
+    keeps it one by one and says so; ``on`` stacks it, within rounding of one by one."""
+    lm = ('data.source="text"', 'model.name="lstm"', "model.args={embed=4, hidden=8}",
+          "data.args={seq_len=6}", "run.rounds=2")  # fmt: skip
+    off = _run(tmp_path / "off", *lm)
+    auto = _run(tmp_path / "auto", 'train.vectorize="auto"', *lm)
+    assert auto.model_sha256 == off.model_sha256 and auto.summary["stacked_tasks"] == 0
+    assert any("has an nn.LSTM" in m for m in caplog.messages)
+    on = _run(tmp_path / "on", 'train.vectorize="on"', *lm)
+    assert on.summary["stacked_tasks"] == 16 and on.model_sha256 != off.model_sha256
+    a, b = _params(on), _params(off)
+    assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
+
+
 def test_a_proximal_term_anchored_away_from_a_devices_start_becomes_a_constant():
     """A gated device starts from its own local model while FedProx anchors it at the
     global one: mu * (w - anchor) = mu * (w - start) + mu * (start - anchor)."""
@@ -156,7 +197,8 @@ def _decisions(result) -> list[tuple]:
 
 
 def _why(model=None, halves=(), **cfg_over):
-    cfg = {"algorithm": {"gate": "always"}, "train": {"client": "", "optimizer": "sgd"},
+    cfg = {"algorithm": {"gate": "always"},
+           "train": {"client": "", "optimizer": "sgd", "vectorize": "auto"},
            "debug": {"kill_ranks": [], "inject": [], "delay_s": 0.0}}  # fmt: skip
     for k, v in cfg_over.items():
         sec, key = k.split("__")
@@ -177,6 +219,8 @@ def test_why_not_names_what_keeps_a_rank_on_the_one_by_one_path():
     other.register_buffer("scale", torch.ones(2))
     assert "float buffers outside BatchNorm" in _why(other)
     assert _why(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))) is None
+    lstm = torch.nn.LSTM(3, 4)
+    assert "nn.LSTM" in _why(lstm) and _why(lstm, train__vectorize="on") is None
     assert _why(halves=[FedProxWorker, HermesWorker]) is None  # (declared stackable)
     assert "plugin OrderingWorker hooks into local training (train)" in _why(
         halves=[OrderingWorker]

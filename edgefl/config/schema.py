@@ -210,8 +210,9 @@ _CORE: dict[str, Any] = {
             "worker trains its queued tasks of one model version (with a gate: each from "
             "its device's own local model) as one stacked torch.func "
             "computation where it can (equal to off within float32 rounding, not bit for "
-            "bit), else alone, saying why once; on: as auto, but a job whose workers "
-            "cannot stack is refused before it starts (docs/performance.md).",
+            "bit), else alone, saying why once (also a model with an nn.LSTM: stacked, it "
+            "runs slower); on: stacks what can be stacked (an LSTM too), and a job whose "
+            "workers cannot stack is refused before it starts (docs/performance.md).",
             choices=("off", "auto", "on"),
         ),
         "vectorize_mb": field(

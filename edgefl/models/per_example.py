@@ -85,8 +85,10 @@ def _plain_lstm(mod: nn.Module) -> bool:
     )
 
 
-def _functional_twin(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` sharing its parameters and buffers, plain LSTMs unrolled."""
+def functional_twin(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` sharing its parameters and buffers (the same names), plain LSTMs
+    unrolled so that ``torch.func.vmap`` can batch them; ``model`` itself when it has
+    none. Also the stacked trainer's (:mod:`edgefl.training.stacked`)."""
     if not any(_plain_lstm(m) for m in model.modules()):
         return model
     memo: dict[int, Any] = {id(p): p for p in model.parameters()}
@@ -137,7 +139,7 @@ class PerExampleGrads:
         self.chunk_size = chunk_size
         self.names = [n for n, _ in model.named_parameters()]
         self.numel = sum(p.numel() for p in model.parameters())
-        self._twin = _functional_twin(model) if method != "loop" else model
+        self._twin = functional_twin(model) if method != "loop" else model
         self._vg = vmap(
             grad_and_value(self._unit_loss),
             in_dims=(None, 0, 0),

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from ..algorithms.hooks import overrides
 from ..comm.taskflags import CONTINUE, REFRESH
@@ -74,6 +75,12 @@ def why_not(cfg: dict, model, halves: list[type]) -> str | None:
     why = buffers_why_not(model)
     if why is not None:
         return why
+    if tr["vectorize"] == "auto" and any(isinstance(m, torch.nn.LSTM) for m in model.modules()):
+        return (  # ("on" stacks it all the same: correct, unrolled)
+            "the model has an nn.LSTM, which a stack runs unrolled step by step: about 3x "
+            "slower than torch's fused kernel one device at a time (train.vectorize = 'on' "
+            "stacks it anyway)"
+        )
     for half in halves:
         hooked = _hooked(half)
         if hooked and not half.stackable:
@@ -104,16 +111,33 @@ def support_markdown(classes: list[type]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check_vectorize(cfg: dict, model) -> None:
+def probe_data(model, dataset, loss) -> str | None:
+    """Why ``model`` cannot train stacked, tried on a few examples of ``dataset`` (one
+    device's training set: :func:`edgefl.training.stacked.probe`); None when it can, or
+    when the examples are not tensors (such devices train alone anyway)."""
+    from ..training.stacked import probe
+    from ..training.trainer import as_tensors
+
+    xy = as_tensors(dataset)
+    return None if xy is None else probe(model, xy[0], xy[1], loss)
+
+
+def check_vectorize(cfg: dict, model, data=None) -> None:
     """``train.vectorize = "on"``: a ConfigError saying why when the job's worker ranks
-    cannot train stacked (``auto`` would train every task alone)."""
+    cannot train stacked (``auto`` would train every task alone); ``data``: the job's
+    :class:`~edgefl.data.FederatedDataset`, whose first device's examples the model is
+    tried on (:func:`probe_data`)."""
     if cfg["train"]["vectorize"] != "on":
         return
     from ..algorithms import load
     from ..errors import ConfigError
+    from ..training import resolve_loss
 
     halves = [c.worker for c in load(cfg) if getattr(c, "worker", None) is not None]
     why = why_not(cfg, model, halves)
+    if why is None and data is not None:
+        loss = resolve_loss(cfg["train"]["loss"], data.info.task)
+        why = probe_data(model, data.train(0), loss)
     if why is not None:
         raise ConfigError(
             f"config key 'train.vectorize' = 'on': the workers cannot train stacked because "
@@ -208,7 +232,6 @@ def gradient_terms(jobs: list, start: np.ndarray, names: list[str], shapes: list
     ``mu * (start - anchor)``. Raises RuntimeError naming the device when a job holds what
     the stacked step cannot run (a loss penalty, an opaque gradient hook, coefficients
     that differ between devices)."""
-    import torch
 
     from ..training.gradterms import ConstantTerm, ProximalTerm
 
@@ -253,6 +276,7 @@ __all__ = [
     "MAX_GROUP",
     "STACK_FLAGS",
     "check_vectorize",
+    "probe_data",
     "stack_limit",
     "support_markdown",
     "gradient_terms",
@@ -282,7 +306,6 @@ def padded(data: list, dev: str, width: int = 0):
     """The examples of devices of different sizes as one stack: ``(X, Y)`` of shapes ``(K,
     n, ...)``, ``n`` the largest size (at least ``width``), device ``i``'s own in the first
     ``len`` of row ``i``, zeros after (the stacked step masks them)."""
-    import torch
 
     k, n = len(data), max(width, *(len(y) for _, y in data))
     x0, y0 = data[0]

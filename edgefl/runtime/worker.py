@@ -138,6 +138,9 @@ class Worker:
         self._built: set[int] = set()  # devices whose data _build_queued built
         if cfg["train"]["vectorize"] != "off":  # ("on": refused before launch if it can't)
             why = stacking.why_not(cfg, self.task.model, [type(p) for p in self.plugins])
+            if why is None and self.devices:  # (can vmap batch the model? try, once)
+                why = stacking.probe_data(self.task.model, self.data.train(self.devices[0]),
+                                          self.loss)  # fmt: skip
             self.stack = why is None
             if why and self.rank == servers + 1:  # (said once: by the first worker)
                 log.warning("train.vectorize = 'auto': every task trains alone because %s", why)

@@ -23,15 +23,16 @@ devices are grouped. Full-batch devices of different sizes stack too when the ca
 them to one width that depends on each device's own size only (:func:`full_batch_width`):
 each step is the whole padded set, masked.
 
-What it covers: models whose forward pass ``torch.func`` can transform, with float
-buffers only in BatchNorm layers (each device's running statistics stacked like its
-parameters and updated by its own batches, as its model's are one by one; such a stack
-holds devices of one size: padding would enter the batch statistics); the configured
-loss as ``loss(output, target)`` (a mean); SGD with momentum and weight decay as
-``torch.optim.SGD`` computes it. Numerics: the same arithmetic in another order (batched
-matrix products), so the result equals the sequential path within float32 rounding, not
-bit for bit (``tests/test_stacked.py`` measures the difference); one call is
-deterministic on one machine.
+What it covers: models whose forward pass ``torch.func`` can transform (a plain
+``nn.LSTM`` runs unrolled step by step: vmap has no rule for the fused kernel), with
+float buffers only in BatchNorm layers (each device's running statistics stacked like
+its parameters and updated by its own batches, as its model's are one by one; such a
+stack holds devices of one size: padding would enter the batch statistics); the
+configured loss as ``loss(output, target)`` (a mean); SGD with momentum and weight decay
+as ``torch.optim.SGD`` computes it. Numerics: the same arithmetic in another order
+(batched matrix products), so the result equals the sequential path within float32
+rounding, not bit for bit (``tests/test_stacked.py`` measures the difference); one call
+is deterministic on one machine.
 
 Units: sizes in examples; ``lr`` per step.
 """
@@ -281,6 +282,9 @@ def fit_stacked(
     if total == 0:
         return stacked_start(), torch.zeros(k)
 
+    from ..models.per_example import functional_twin
+
+    model = functional_twin(model)  # (plain LSTMs unrolled: vmap has no rule for fused ones)
     if floats:  # (the model's other buffers: copies, so its counters are left alone)
         fixed = {name: b.clone() for name, b in model.named_buffers() if name not in buffers}
         with_buffers = vmap(lambda p, b, xb: functional_call(model, (p, b, fixed), (xb,)))
@@ -362,6 +366,31 @@ def fit_stacked(
         model.train(was_training)
 
 
+def probe(model: nn.Module, X: torch.Tensor, Y: torch.Tensor, loss: Callable) -> str | None:
+    """Why ``model`` cannot train stacked, found by trying (None: it can): one stacked step
+    of two devices on the first (at most 8) of one device's examples ``X``, ``Y``, with
+    the model's own start and float buffers. A model whose forward ``torch.func.vmap``
+    cannot batch (a custom kernel, an in-place write to an input, a data-dependent
+    branch) says so here, before any task, rather than in the middle of a run."""
+    from ..models.flat import float_buffers
+
+    m = min(int(len(Y)), 8)
+    if m == 0:
+        return None
+    start = {name: p.detach() for name, p in model.named_parameters()}
+    bufs = {name: b.detach().expand(2, *b.shape).clone() for name, b in float_buffers(model)}
+    x2 = X[:m].unsqueeze(0).expand(2, *X[:m].shape)
+    y2 = Y[:m].unsqueeze(0).expand(2, *Y[:m].shape)
+    gens = [torch.Generator().manual_seed(0) for _ in range(2)]
+    try:
+        fit_stacked(model, start, x2, y2, generators=gens, loss=loss, lr=0.0, steps=1,
+                    buffers=bufs or None)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - any failure is the reason to train alone
+        first = (str(e).strip().splitlines() or [""])[0][:160]
+        return f"the model cannot train stacked under torch.func.vmap ({type(e).__name__}: {first})"
+    return None
+
+
 def held_out_losses(
     model: nn.Module,
     params: dict[str, torch.Tensor],
@@ -390,6 +419,9 @@ def held_out_losses(
     import torch.nn.functional as F
     from torch.func import functional_call, vmap
 
+    from ..models.per_example import functional_twin
+
+    model = functional_twin(model)
     was_training = model.training
     model.eval()
     try:
@@ -422,4 +454,5 @@ __all__ = [
     "groups",
     "held_out_losses",
     "masks_supported",
+    "probe",
 ]
