@@ -141,5 +141,9 @@ echo "== 4. vectorized local training: 1,000 CNN devices on one worker, $dev vs 
 vec_check cnn recipe:digits-cnn-iid
 echo "== 4. vectorized local training: 1,000 devices of the built-in MLP job (padded stacks), $dev vs cpu"
 vec_check mlp
+echo "== 4. vectorized local training: the CNN with BatchNorm, each device's own statistics (FedBN), $dev vs cpu"
+vec_check cnn-fedbn recipe:digits-cnn-iid --set 'model.args={batchnorm=true}' --set 'model.buffers="local"'
+echo "== 4. vectorized local training: the Hermes gate (each device from its own local model), $dev vs cpu"
+vec_check hermes --set 'algorithm.gate="hermes"' --set 'algorithm.consistency="asp"' --set hermes.max_local_iterations=3
 fi
 echo "gpu-check.sh: done; results in $out"

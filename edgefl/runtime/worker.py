@@ -138,11 +138,10 @@ class Worker:
         self._built: set[int] = set()  # devices whose data _build_queued built
         if cfg["train"]["vectorize"] != "off":  # ("on": refused before launch if it can't)
             why = stacking.why_not(cfg, self.task.model, [type(p) for p in self.plugins])
-            if why is None and self.devices:  # (can vmap batch the model? try, once)
-                why = stacking.probe_data(self.task.model, self.data.train(self.devices[0]),
-                                          self.loss)  # fmt: skip
             self.stack = why is None
-            if why and self.rank == servers + 1:  # (said once: by the first worker)
+            self._probed = False  # (can vmap batch the model? tried before the first stack)
+            self._says = self.rank == servers + 1  # (said once: by the first worker)
+            if why and self._says:
                 log.warning("train.vectorize = 'auto': every task trains alone because %s", why)
 
     def buffer(self) -> np.ndarray:
@@ -493,6 +492,17 @@ class Worker:
                 built.add(d)
 
     def _group(self) -> list[tuple[int, int, int, TaskSpec]]:
+        if not self._probed and self.queue:  # (the queued devices' data already built)
+            self._probed = True
+            why = stacking.probe_data(self.task.model, self.data.train(self.queue[0][0]),
+                                      self.loss)  # fmt: skip
+            if why is not None:
+                self.stack = False
+                if self._says:
+                    log.warning("train.vectorize = 'auto': every task trains alone because %s",
+                                why)  # fmt: skip
+                return []
+
         def size_of(d: int) -> int | None:
             if self._sample_numel is None:  # (the first device says: tensors or not)
                 ds = (self.split(d) or (self.data.train(d), None))[0]
