@@ -30,6 +30,14 @@ def test_tree_rss_and_cpu_of_a_process_tree(tmp_path):
     assert 0.1 < m.cpu[name] <= m.wall + 0.1  # it spun for 0.3 s (seen at the last sample)
 
 
+def test_a_process_whose_memory_no_sample_read_is_not_listed():
+    """A short-lived child gone before a sample read its memory (peak 0, no label) is left
+    out of the by-process breakdown, which printed it as "? 0"."""
+    labels = {10: "rank 0", 11: "rank 0", 12: "prterun"}
+    got = scale._peaks_by_label(labels, {10: 5, 11: 7, 12: 3, 13: 0})
+    assert got == {"rank 0": 7, "prterun": 3}
+
+
 def test_fit_and_per_device_lines(capsys):
     assert scale._fit([1, 3], [10.0, 14.0]) == pytest.approx((8.0, 2.0))
     rows = [

@@ -242,12 +242,20 @@ def run_measured(cmd: list[str], interval: float = 0.05, watch: Path | None = No
     wall = time.perf_counter() - t0
     sampler.stop()
     procs = {p: q for p, q in sampler.procs.items() if not q.fork}
-    by_label: dict[str, int] = {}
-    for p, q in procs.items():
-        name = labels.get(p, "?")
-        by_label[name] = max(by_label.get(name, 0), q.peak_rss)
     cpu = _by_label(labels, {p: q.cpu_s for p, q in procs.items()})
-    return Measured(proc.returncode, wall, sampler.peak_rss, by_label, cpu, marks)
+    each = _peaks_by_label(labels, {p: q.peak_rss for p, q in procs.items()})
+    return Measured(proc.returncode, wall, sampler.peak_rss, each, cpu, marks)
+
+
+def _peaks_by_label(labels: dict[int, str], peaks: dict[int, int]) -> dict[str, int]:
+    """The largest peak RSS (bytes) of the processes of each label; a process whose memory
+    no sample read (gone before one did: peak 0) is left out, not shown as 0."""
+    out: dict[str, int] = {}
+    for p, peak in peaks.items():
+        if peak:
+            name = labels.get(p, "?")
+            out[name] = max(out.get(name, 0), peak)
+    return out
 
 
 def _by_label(labels: dict[int, str], cpu: dict[int, float]) -> dict[str, float]:
