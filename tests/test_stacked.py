@@ -402,3 +402,37 @@ def test_probe_says_why_a_model_cannot_train_stacked():
     why = probe(_Unbatchable(), X[0], Y[0], ce)
     assert why.startswith("the model cannot train stacked under torch.func.vmap (")
     assert "\n" not in why
+
+
+def test_held_out_losses_are_each_devices_evaluate_whatever_its_stack():
+    """A gate's held-out losses, measured for a stack at once: each device's within 1e-6 of
+    ``evaluate`` on its own model, bit for bit the same alone or with devices of other
+    sizes, nan for a device without held-out examples."""
+    from edgefl.models.train import evaluate
+    from edgefl.training.stacked import held_out_losses
+
+    X, Y = _data(9)
+    model = _bn_model()
+    sizes = [5, 13, 0, 9, 23, 1]
+    data = [(X[d, :n], Y[d, :n]) for d, n in enumerate(sizes)]
+    g = torch.Generator().manual_seed(3)
+    params = {n: p.detach() + 0.1 * torch.randn(K, *p.shape, generator=g)
+              for n, p in model.named_parameters()}  # fmt: skip
+    bufs = {n: b.detach() + 0.1 * torch.rand(K, *b.shape, generator=g)
+            for n, b in model.named_buffers() if b.is_floating_point()}  # fmt: skip
+    got = held_out_losses(model, params, data, buffers=bufs)
+    assert torch.isnan(got[2]) and not torch.isnan(got[[0, 1, 3, 4, 5]]).any()
+    for d, (x, y) in enumerate(data):
+        if not len(y):
+            continue
+        one = {n: v[d : d + 1] for n, v in params.items()}
+        alone = held_out_losses(model, one, [(x, y)], {n: v[d : d + 1] for n, v in bufs.items()})
+        assert torch.equal(alone[0], got[d])  # (its stack does not matter)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(params[n][d])
+            for n, b in model.named_buffers():
+                if b.is_floating_point():
+                    b.copy_(bufs[n][d])
+        want = evaluate(model, TensorDataset(x, y), "classification")[0]
+        assert abs(got[d].item() - want) < 1e-6 * max(1.0, abs(want))

@@ -615,7 +615,7 @@ class Worker:
             corrections=None if corr is None else {n: c.to(dev) for n, c in corr.items()},
             counts=counts if ragged else None, buffers=bufs,
         )  # fmt: skip
-        gate_losses = self._held_out_losses(model, got, bufs, holdouts, dev) if gated else None
+        gate_losses = self._held_out_losses(model, got, bufs, holdouts) if gated else None
         if bufs:
             got.update(bufs)
             names += flat_bufs
@@ -665,8 +665,8 @@ class Worker:
         self.stacked_tasks += len(jobs)
         log.debug("rank %d: trained %d tasks stacked", self.rank, len(jobs))
 
-    def _held_out_losses(self, model, got: dict, bufs: dict | None, holdouts: list,
-                         dev: str) -> list[float] | None:  # fmt: skip
+    def _held_out_losses(self, model, got: dict, bufs: dict | None,
+                         holdouts: list) -> list[float] | None:  # fmt: skip
         """A gated stack's held-out losses, each device's trained model on its own split,
         at once (:func:`~edgefl.training.stacked.held_out_losses`); None when they are not
         tensors or the loss is not the built-in cross-entropy (the gate evaluates each)."""
@@ -675,10 +675,7 @@ class Worker:
         data = [None if h is None else as_tensors(h) for h in holdouts]
         if not masks_supported(self.loss) or any(xy is None for xy in data):
             return None
-        if not any(len(y) for _, y in data):
-            return None
-        X, Y = stacking.padded(data, dev)
-        got = held_out_losses(model, got, X, Y, [len(y) for _, y in data], buffers=bufs)
+        got = held_out_losses(model, got, data, buffers=bufs)
         return None if got is None else got.tolist()
 
     @staticmethod

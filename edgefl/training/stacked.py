@@ -394,52 +394,66 @@ def probe(model: nn.Module, X: torch.Tensor, Y: torch.Tensor, loss: Callable) ->
 def held_out_losses(
     model: nn.Module,
     params: dict[str, torch.Tensor],
-    X: torch.Tensor,
-    Y: torch.Tensor,
-    counts: Sequence[int],
+    data: Sequence[tuple[torch.Tensor, torch.Tensor]],
     buffers: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor | None:
     """Each device's mean cross-entropy on its own held-out examples, its own model: a
     gate's measure of a stack at once, as :func:`edgefl.models.train.evaluate` computes
     it one device at a time (the sum of the examples' losses over their number; eval
     mode: BatchNorm uses each device's running statistics), within float32 rounding.
+    Devices are evaluated in groups of one padded width, :func:`full_batch_width` of
+    their own count, so a device's loss does not depend on the others in its stack.
 
     Args:
         model: the architecture (its own parameters and buffers are not used).
         params: each device's parameters, name -> ``(K, *shape)``.
-        X: examples ``(K, h, ...)``, device ``i``'s in the first ``counts[i]`` of row ``i``
-            (the rest padding); Y: class targets ``(K, h)``.
-        counts: each device's number of held-out examples.
+        data: each device's held-out ``(x, y)``, ``y`` class targets ``(h_i,)``.
         buffers: each device's float buffers (name -> ``(K, *shape)``), if the model has.
 
-    Returns ``(K,)`` float32 (nan for a device without held-out examples), or None when
-    the model's output is not ``(K, h, classes)`` logits (the gate then evaluates each
-    device alone).
+    Returns ``(K,)`` float32 on the parameters' device (nan for a device without
+    held-out examples), or None when the model's output is not class logits (the gate
+    then evaluates each device alone).
     """
     import torch.nn.functional as F
     from torch.func import functional_call, vmap
 
     from ..models.per_example import functional_twin
 
-    model = functional_twin(model)
-    was_training = model.training
-    model.eval()
+    net = functional_twin(model)
+    dev = next(iter(params.values())).device
+    out = torch.full((len(data),), torch.nan, device=dev)
+    by_width: dict[int, list[int]] = {}
+    for i, (_, y) in enumerate(data):
+        if len(y):
+            by_width.setdefault(full_batch_width(len(y)), []).append(i)
+    if buffers:
+        run = vmap(lambda p, b, x: functional_call(net, (p, b), (x,)))
+    else:
+        run = vmap(lambda p, b, x: functional_call(net, p, (x,)), in_dims=(0, None, 0))
+    was_training = net.training
+    net.eval()
     try:
         with torch.no_grad():
-            if buffers:
-                run = vmap(lambda p, b, x: functional_call(model, (p, b), (x,)))
-                out = run(params, buffers, X)
-            else:
-                out = vmap(lambda p, x: functional_call(model, p, (x,)))(params, X)
-            if out.dim() != 3 or Y.dim() != 2:
-                return None
-            n = torch.tensor([int(c) for c in counts], device=X.device)
-            mask = torch.arange(int(X.shape[1]), device=X.device).unsqueeze(0) < n.unsqueeze(1)
-            each = F.cross_entropy(out.transpose(1, 2), Y, reduction="none")
-            total = (each * mask).sum(1)
-            return torch.where(n > 0, total / n.clamp(min=1), torch.full_like(total, torch.nan))
+            for w, rows in by_width.items():
+                x0, y0 = data[rows[0]]
+                X = torch.zeros((len(rows), w, *x0.shape[1:]), dtype=x0.dtype, device=dev)
+                Y = torch.zeros((len(rows), w, *y0.shape[1:]), dtype=y0.dtype, device=dev)
+                counts = [len(data[i][1]) for i in rows]
+                for j, (i, c) in enumerate(zip(rows, counts, strict=True)):
+                    X[j, :c], Y[j, :c] = data[i][0], data[i][1]
+                n = torch.tensor(counts, device=dev)
+                sel = torch.tensor(rows, device=dev)
+                p = {name: v[sel] for name, v in params.items()}
+                b = {name: v[sel] for name, v in buffers.items()} if buffers else None
+                logits = run(p, b, X)
+                if logits.dim() != 3 or Y.dim() != 2:
+                    return None
+                mask = torch.arange(w, device=dev).unsqueeze(0) < n.unsqueeze(1)
+                each = F.cross_entropy(logits.transpose(1, 2), Y, reduction="none")
+                out[sel] = (each * mask).sum(1) / n
     finally:
-        model.train(was_training)
+        net.train(was_training)
+    return out
 
 
 def _along(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
