@@ -117,3 +117,25 @@ def test_summary_json_is_streamed(tmp_path):
     assert peak < 2 * 2**20, f"peak {peak / 2**20:.1f} MB"
     want = json.dumps(doc, indent=1, default=float) + "\n"
     assert (tmp_path / "summary.json").read_bytes() == want.encode("utf-8")
+
+
+def test_an_old_model_version_waits_for_the_train_that_follows_it():
+    """Rank 0 re-runs a task from an old model version by sending that version, then the
+    TRAIN; the TRAIN may come in a later poll (rank 0 bundles TRAINs with
+    train.vectorize). A worker that finishes a task in between keeps the version until
+    a TRAIN has come, instead of dropping it and ignoring the TRAIN as "never came" (rank 0
+    then waited for the task until its deadline and declared the worker dead)."""
+    from edgefl.comm import Kind
+    from edgefl.comm.wire import Message
+
+    w = _worker('train.vectorize="auto"')
+    model = np.zeros(w.global_model.size, np.float32)
+    for v in (30, 20):  # (the newest, 30, and the re-run's old 20)
+        w._on_message(Message(Kind.MODEL, 0, round=v, payload=model))
+    w._forget_versions()  # (a task ended here: what no queued task needs goes)
+    assert sorted(w.versions) == [20, 30]
+    w._on_message(Message(Kind.TRAIN, 0, device=1, round=3, aux=(20.0, 0.0, 0.0, 0.0)))
+    assert [(d, t, v) for d, t, v, _ in w.queue] == [(1, 3, 20)]
+    w.queue.clear()
+    w._forget_versions()  # (claimed by its TRAIN, trained: now it goes)
+    assert sorted(w.versions) == [30]

@@ -9,9 +9,11 @@ and seed, so any rank can rebuild it. When rank ``r`` dies (ULFM, or declared de
 2. sends it ``HOST`` with the device's per-device plugin state from the latest checkpoint
    (rank 0 keeps it in memory after every checkpoint; none before the first). The runtime's
    own local model of a gated device is not restored: the device restarts from the global
-   model. Coordinator plugins see the move first (``on_device_moved``) and may change what
-   goes: GDDR folds the checkpointed residual back in at rank 0 and starts the device with
-   an empty residual, so no checkpointed mass is counted twice;
+   model (its re-run task, or else its next local iteration, adopts it: a plain
+   continuation would name a local model the new rank never had). Coordinator plugins
+   see the move first (``on_device_moved``) and may change what goes: GDDR folds the
+   checkpointed residual back in at rank 0 and starts the device with an empty residual,
+   so no checkpointed mass is counted twice;
 3. re-sends the task the device had in flight (same task number, same TRAIN, preceded by
    the model version it starts from), unless its answer already arrived. A task that may
    have been what the rank was running when it failed goes *isolated*
@@ -111,6 +113,8 @@ def _host(core: Coordinator, d: int, old: int, new: int, now: float) -> None:
     saved = getattr(core, "device_states", None) or {}
     state = {name: devs[str(d)] for name, devs in saved.items() if str(d) in devs}
     state.pop(RUNTIME, None)  # (a gated device's local model: it restarts from the global)
+    if core.gated:  # (its next local iteration adopts the global model: nothing to go on
+        core.refresh[d] = True  # from on the new rank, unless _rerun starts it there)
     for p in core.plugins:
         p.on_device_moved(d, new, now, state)
     rehost_numerics(core, d, old, new)
@@ -166,5 +170,6 @@ def _rerun(core: Coordinator, d: int, now: float) -> bool:
             return False
     core.reruns += 1
     core.log_event("rerun", now, d, task, rank=rank)
+    core.refresh.pop(d, None)  # (the re-run starts it from a global model on its new rank)
     core.send_task(d, task, tuple(aux), now)
     return True

@@ -105,6 +105,9 @@ class Worker:
         self.local: dict[int, _LocalState] = {}  # gated devices between pushes
         self.peer_failures = False  # some rank died during the job (see finalize)
         self._free: list[np.ndarray] = []
+        # model versions received since the last TRAIN: the TRAIN that needs one comes right
+        # after it (an old version sent for a re-run), maybe in a later poll (a bundle)
+        self._unclaimed: set[int] = set()
         self.debug = WorkerDebug(self)
         self.doing = "set-up"  # what the rank is busy with (named in error reports)
         tr = cfg["train"]
@@ -333,6 +336,7 @@ class Worker:
             buf = self.buffer()
             np.copyto(buf, msg.payload)
             self.versions[msg.round] = buf
+            self._unclaimed.add(msg.round)
             self.t.release(msg)
         elif msg.kind == Kind.TRAIN:
             version = int(msg.aux[0])
@@ -345,6 +349,7 @@ class Worker:
                 return
             spec = TaskSpec(int(msg.aux[1]), int(msg.aux[2]), flags, arg)
             self.queue.append((msg.device, msg.round, version, spec))
+            self._unclaimed.clear()
         elif msg.kind in self._handlers:
             self._handlers[msg.kind](msg)
         else:
@@ -358,7 +363,7 @@ class Worker:
         """Drop model versions no queued task needs (the newest one is kept)."""
         if len(self.versions) <= 1:
             return
-        keep = {q[2] for q in self.queue}
+        keep = {q[2] for q in self.queue} | self._unclaimed
         keep.update(st.base for st in self.local.values())
         keep.add(max(self.versions))
         for v in [v for v in self.versions if v not in keep]:
