@@ -144,8 +144,8 @@ class Worker:
             self.stack = why is None
             self._probed = False  # (can vmap batch the model? tried before the first stack)
             self._says = self.rank == servers + 1  # (said once: by the first worker)
-            if why and self._says:
-                log.warning("train.vectorize = 'auto': every task trains alone because %s", why)
+            if why:
+                self._trains_alone(why)
 
     def buffer(self) -> np.ndarray:
         """A model-sized float32 buffer (recycled)."""
@@ -446,18 +446,29 @@ class Worker:
         seconds = time.perf_counter() - t0
         for p in self.plugins:
             p.after_train(device, job)
-        flat = self.model_on(job.torch_device)[1]
+        self._finish(job, st, holdout, loss, seconds)
+
+    def _finish(self, job: LocalJob, st: _LocalState, holdout, loss: float, seconds: float,
+                delta: np.ndarray | None = None) -> None:  # fmt: skip
+        """A task's local training is over (``job.model`` holds the trained model,
+        ``after_train`` has run; ``loss``: its training loss, ``seconds`` its time): with a
+        gate, the gate decides (a REPORT when the device does not push); else, or on a
+        push, its UPDATE goes out. ``delta``: the update when already computed (a row of a
+        stack's deltas)."""
+        device = job.device
         if self.gated:
-            np.copyto(st.params, flat.to_host())
+            np.copyto(st.params, job.flat.to_host())
             st.iterations += 1
             push, loss, z = self._hook("gate", device, job, holdout, st.iterations)
             if not push:
-                self.t.send(0, Kind.REPORT, device=device, round=task,
+                self.t.send(0, Kind.REPORT, device=device, round=job.task,
                             aux=(float(len(job.dataset)), float(loss), seconds, z))  # fmt: skip
                 return
             del self.local[device]
-        delta = self.buffer()
-        np.subtract(st.params if self.gated else flat.to_host(), self.versions[st.base], out=delta)
+        if delta is None:
+            delta = self.buffer()
+            trained = st.params if self.gated else job.flat.to_host()
+            np.subtract(trained, self.versions[st.base], out=delta)
         self.debug.alter(device, delta)
         job.aux = (float(self.data.num_samples(device)), float(loss), seconds,
                    float(st.iterations))  # fmt: skip
@@ -496,16 +507,20 @@ class Worker:
                 self.data.train(d)
                 built.add(d)
 
+    def _trains_alone(self, why: str) -> None:
+        """This rank cannot stack (``why``): every task trains alone; the first worker
+        says so, once."""
+        self.stack = False
+        if self._says:
+            log.warning("train.vectorize = 'auto': every task trains alone because %s", why)
+
     def _group(self) -> list[tuple[int, int, int, TaskSpec]]:
         if not self._probed and self.queue:  # (the queued devices' data already built)
             self._probed = True
             why = stacking.probe_data(self.task.model, self.data.train(self.queue[0][0]),
                                       self.loss)  # fmt: skip
             if why is not None:
-                self.stack = False
-                if self._says:
-                    log.warning("train.vectorize = 'auto': every task trains alone because %s",
-                                why)  # fmt: skip
+                self._trains_alone(why)
                 return []
 
         def size_of(d: int) -> int | None:
@@ -637,36 +652,18 @@ class Worker:
             # row of one array (not a pooled buffer: see free), the model left alone
             deltas = stacking.stacked_deltas(got, names, flat, self.versions[version])
         for i, job in enumerate(jobs):
-            device, st = job.device, states[i]
-            self.doing = f"training device {device} (task {job.task}, stacked)"
+            self.doing = f"training device {job.device} (task {job.task}, stacked)"
             job.fit_ctx.steps = steps[counts[i]]
-            loss = loss_of[i]
             if deltas is None:
                 with torch.no_grad():
                     for n in names:  # (the trained parameters and BatchNorm buffers)
                         held[n].copy_(got[n][i])
                 for p in self.plugins:
-                    p.after_train(device, job)
-            if gated:
-                np.copyto(st.params, flat.to_host())
-                st.iterations += 1
-                job.holdout_loss = None if gate_losses is None else gate_losses[i]
-                push, loss, z = self._hook("gate", device, job, holdouts[i], st.iterations)
-                if not push:
-                    self.t.send(0, Kind.REPORT, device=device, round=job.task,
-                                aux=(float(len(job.dataset)), float(loss), seconds, z))  # fmt: skip
-                    continue
-                del self.local[device]
-            if deltas is None:
-                delta = self.buffer()
-                base = st.params if gated else flat.to_host()
-                np.subtract(base, self.versions[st.base], out=delta)
-            else:
-                delta = deltas[i]
-            self.debug.alter(device, delta)
-            job.aux = (float(self.data.num_samples(device)), float(loss), seconds,
-                       float(st.iterations))  # fmt: skip
-            self._send_update(device, job, delta)
+                    p.after_train(job.device, job)
+            if gate_losses is not None:
+                job.holdout_loss = gate_losses[i]
+            self._finish(job, states[i], holdouts[i], loss_of[i], seconds,
+                         None if deltas is None else deltas[i])  # fmt: skip
         self.stacked_tasks += len(jobs)
         log.debug("rank %d: trained %d tasks stacked", self.rank, len(jobs))
 
