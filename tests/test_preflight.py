@@ -33,7 +33,8 @@ from edgefl.data.clicks import ClicksFederated
 from edgefl.errors import ConfigError, DataError
 from edgefl.launcher import rank_python
 from edgefl.launching import mpi_command
-from edgefl.preflight import preflight
+from edgefl.preflight import checked_test_set, preflight
+from edgefl.runtime.state import build_task
 
 ROOT = Path(__file__).resolve().parents[1]
 N, DIM, CLASSES = 10, 4, 3  # examples per device, features, classes of Fleet
@@ -294,6 +295,28 @@ def test_preflight_reports_what_it_checked(tmp_path):
     line = preflight(fleet_cfg(tmp_path))
     assert line.startswith("edgefl simulate: checked the data of all 4 devices and the test set")
     assert "memory estimate" in line and "\n" not in line
+
+
+def test_rank_0_takes_the_test_set_its_preflight_built_once(tmp_path):
+    """edgefl simulate's rank 0 checks the job, then runs it: the coordinator takes the
+    test set the check built (a large fleet's is built once), only for the same data, and
+    only once; a check that failed or did not keep it hands over nothing."""
+    cfg = fleet_cfg(tmp_path, "seed=3")
+    preflight(cfg)
+    assert checked_test_set(cfg) is None  # (not kept unless asked: a notebook's process)
+    preflight(cfg, keep_test=True)
+    other = fleet_cfg(tmp_path, "seed=4")  # (another seed: another test set)
+    assert checked_test_set(other) is None and checked_test_set(cfg) is None  # handed once
+    preflight(cfg, keep_test=True)
+    kept = checked_test_set(cfg)
+    x, y = kept.tensors
+    fresh_x, fresh_y = build_task(cfg).data.test().tensors
+    assert torch.equal(x, fresh_x) and torch.equal(y, fresh_y)
+    assert checked_test_set(cfg) is None
+    bad = fleet_cfg(tmp_path, 'data.args={fault = "test-nan"}')
+    with pytest.raises(DataError):
+        preflight(bad, keep_test=True)
+    assert checked_test_set(bad) is None
 
 
 def test_a_fleet_too_big_for_memory_is_refused_before_it_is_built(monkeypatch, tmp_path):

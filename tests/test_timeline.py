@@ -218,6 +218,33 @@ def test_csv_round_trip(tmp_path: Path):
     assert devices == sorted(devices)
 
 
+def test_streamed_csv_equals_the_kept_rows(tmp_path: Path):
+    """finish(csv_path=...) writes the file write_csv writes from kept rows, keeps none of
+    them, and gives the same idle fractions (the coordinator streams: a large fleet's long
+    run has millions of rows)."""
+    prof = Profile("p", availability=Availability("trace", intervals=((0.0, 5.0), (6.0, 9.0))))
+
+    def filled() -> Timeline:
+        tl = Timeline()
+        for d in (3, 0, 2):  # devices added out of order, intervals too
+            for r in range(4, 0, -1):
+                tl.add(d, "compute", r + 0.1 * d, r + 0.5 + 1 / 3)
+                tl.add(d, "download", r, r + 0.1 * d)
+        return tl
+
+    kept, streamed = filled(), filled()
+    profiles = {0: Profile("q"), 2: prof, 3: prof}
+    kept.finish([0, 2, 3], 7.5, profiles=profiles, seed=1)
+    kept.write_csv(tmp_path / "kept.csv")
+    path = tmp_path / "timeline.csv"
+    streamed.finish([0, 2, 3], 7.5, profiles=profiles, seed=1, csv_path=path)
+    assert path.read_bytes() == (tmp_path / "kept.csv").read_bytes()
+    assert streamed.rows == [] and len(kept.rows) > 12
+    assert streamed.idle == kept.idle and 0 < streamed.idle_fraction() < 1
+    assert streamed.idle_fraction() == kept.idle_fraction()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.csv", "timeline.csv"]
+
+
 # -- across resumes and on the wall clock ---------------------------------------------------
 def test_state_dict_round_trip_keeps_or_cuts_the_tasks_in_flight():
     tl = Timeline()

@@ -79,7 +79,9 @@ def crc32(arr: np.ndarray) -> int:
 
 
 def _text(b: bytes) -> np.ndarray:
-    return np.frombuffer(b, dtype=np.uint8).copy()
+    """``b`` as a read-only uint8 array over the same memory (no copy: a run's metrics
+    history is one list leaf of tens of MB at a large fleet's checkpoint)."""
+    return np.frombuffer(b, dtype=np.uint8)
 
 
 def _jsonable_list(value: list, where: str) -> None:

@@ -61,6 +61,7 @@ class SyntheticFederated(FederatedDataset):
         self.seed = seed
         # Per-coordinate standard deviation: sqrt(Sigma_jj) = j ** -0.6.
         self._std = np.arange(1, self.dim + 1, dtype=np.float64) ** -0.6
+        self._zeros = np.zeros(self.dim)  # (v_k of every IID device)
         self._sizes: dict[int, int] = {}  # n_k (the parameters are drawn again when needed)
         self._shared: tuple[np.ndarray, np.ndarray] | None = None
         self._train: dict[int, TensorDataset] = {}
@@ -105,7 +106,11 @@ class SyntheticFederated(FederatedDataset):
     def _sample_into(self, k: int, stream: int, x_out: np.ndarray, y_out: np.ndarray) -> None:
         """Draw ``len(y_out)`` examples of device ``k`` from ``stream`` into the float32 /
         int64 arrays given (drawn in float64, then rounded to float32)."""
-        _, w, b, v = self._device_params(k)
+        if self.iid:  # (every device's model is the shared one: its own draws unused)
+            w, b = self._shared_model()
+            v = self._zeros
+        else:
+            _, w, b, v = self._device_params(k)
         rng = stream_rng(self.seed, DOMAIN_SYNTHETIC, stream, k)
         x = v + rng.standard_normal((len(y_out), self.dim)) * self._std
         np.argmax(x @ w.T + b, axis=1, out=y_out)

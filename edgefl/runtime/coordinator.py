@@ -534,7 +534,9 @@ class Coordinator:
         self.metrics = MetricsLog(out / "metrics.jsonl" if out else None, self.history)
         self.progress = Progress(cfg["output"]["progress"], rounds, start=self.start_round)
         self.trackers = make_trackers(cfg, out, self.history)  # output.trackers (csv, ...)
-        self.test_set = self.task.data.test()
+        self.test_set = (
+            self.task.test_set if self.task.test_set is not None else self.task.data.test()
+        )
         self._t0 = time.monotonic() - self.wall_offset
         self.period = summary.new_period()
         self.eval_bucket = 0
@@ -574,9 +576,8 @@ class Coordinator:
             self.ev.release_all()
         self.progress.close()  # (a bar ends itself at the last round; idempotent)
         end = self.ev.now
-        self.timeline.finish(sorted(self.devices), end, self.profiles, cfg["seed"])
-        if out is not None:
-            self.timeline.write_csv(out / "timeline.csv")
+        csv_path = out / "timeline.csv" if out is not None else None  # (rows streamed there)
+        self.timeline.finish(sorted(self.devices), end, self.profiles, cfg["seed"], csv_path)
         self.finish(self.metrics.rows, self.version, time.monotonic() - self._t0, end)
         return self.exit_status
 

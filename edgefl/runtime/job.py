@@ -60,6 +60,7 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
         stem: config file stem, for the default run directory name.
         local_rank: node-local rank (GPU choice).
     """
+    from ..preflight import checked_test_set
     from .coordinator import Coordinator
     from .worker import Worker, error_payload, error_text
 
@@ -83,6 +84,7 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
                 check_policies(cfg)
                 check_shards(cfg, t.size)
                 task = build_task(cfg, "cpu")
+                task.test_set = checked_test_set(cfg)  # (built by this rank's preflight)
                 _check_chunks(cfg, task.flat.nbytes)
                 t.validator.model_numel = task.flat.numel
                 coord = Coordinator(cfg, t, task, out_dir, state)
@@ -111,6 +113,7 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
             worker = None
             try:
                 task = build_task(cfg, "cpu")
+                task.test_set = checked_test_set(cfg)  # (built by this rank's preflight)
                 _check_chunks(cfg, task.flat.nbytes)
                 t.validator.model_numel = task.flat.numel
                 if is_shard(t.rank, cfg["ps"]["servers"]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ class Task:
     model: torch.nn.Module
     flat: FlatParams
     signature: str
+    test_set: Any = None  # the test set when already built (rank 0: by its preflight)
 
 
 def build_task(cfg: dict, torch_device: str = "cpu") -> Task:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import csv
 import math
 from array import array
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +34,7 @@ class Timeline:
         self._clear()
         self.rows: list[tuple[int, str, float, float]] = []
         self.idle: dict[int, float] = {}
+        self._sums: tuple[list[float], list[float]] = ([], [])  # per device: waiting, present
         self.origin = 0.0  # the first second covered (> 0 only after an old checkpoint)
 
     def add(self, device: int, state: str, start: float, end: float) -> None:
@@ -72,7 +72,11 @@ class Timeline:
     def state_dict(self) -> dict:
         """The busy intervals so far (for a checkpoint): ``busy`` is an (N, 4) float64 array
         of rows (device, index in STATES, start_s, end_s), ``origin`` the first second."""
-        busy = np.column_stack(self._columns()).astype(np.float64).reshape(-1, 4)
+        dev = np.asarray(self._dev)  # (array("q"): int64, no copy)
+        order = np.argsort(dev, kind="stable")
+        busy = np.empty((len(order), 4), np.float64)  # (filled column by column: one copy
+        for j, col in enumerate((self._dev, self._state, self._start, self._end)):  # of the
+            busy[:, j] = np.asarray(col)[order]  # rows, where stacking columns made four)
         return {"busy": busy, "origin": float(self.origin)}
 
     def load_state_dict(self, state: dict | None, now: float, keep_future: bool) -> None:
@@ -97,16 +101,50 @@ class Timeline:
                 )
             self.add(int(d), STATES[int(k)], a, b if keep_future else min(b, now))
 
-    def finish(self, devices: list[int], end: float, profiles=None, seed: int = 0) -> None:
+    def finish(
+        self,
+        devices: list[int],
+        end: float,
+        profiles=None,
+        seed: int = 0,
+        csv_path: Path | None = None,
+    ) -> None:
         """Complete every device's timeline from :attr:`origin` up to ``end`` seconds.
 
         ``profiles`` (device -> Profile, virtual clock only) give the offline and dead
-        intervals; without them a device is online and alive throughout.
+        intervals; without them a device is online and alive throughout. With ``csv_path``
+        the rows go straight into that file (``timeline.csv``, as :meth:`write_csv` writes
+        it: to a temporary file, then renamed) and are not kept: a long run of a large fleet
+        has millions of them (10,000 devices for 60 BSP rounds: 3.6 million, about 400 MB
+        as tuples). :attr:`idle` and :meth:`idle_fraction` are set either way.
         """
-        rows: list[tuple[int, str, float, float]] = []
-        every = self.busy
+        keep: list[tuple[int, str, float, float]] | None = [] if csv_path is None else None
+        self.rows = keep if keep is not None else []
+        self._sums = ([], [])
+        if csv_path is None:
+            self._finish(devices, end, profiles, seed, keep.append)  # type: ignore[union-attr]
+            return
+        tmp = csv_path.with_name(csv_path.name + ".tmp")
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["device", "state", "start_s", "end_s"])
+
+            def emit(row: tuple[int, str, float, float]) -> None:
+                d, s, a, b = row
+                w.writerow([d, s, repr(float(a)), repr(float(b))])
+
+            self._finish(devices, end, profiles, seed, emit)
+        tmp.replace(csv_path)
+
+    def _finish(self, devices: list[int], end: float, profiles, seed: int, emit) -> None:
+        """:meth:`finish`'s rows, device by device, each handed to ``emit``."""
+        dev, state, starts, ends = self._columns()
+        waits, presents = self._sums
         for d in devices:
-            busy = sorted((a, min(b, end), s) for s, a, b in every.get(d, []) if a < end)
+            lo, hi = np.searchsorted(dev, d, "left"), np.searchsorted(dev, d, "right")
+            mine = zip(state[lo:hi].tolist(), starts[lo:hi].tolist(), ends[lo:hi].tolist(),
+                       strict=True)  # fmt: skip
+            busy = sorted((a, min(b, end), STATES[k]) for k, a, b in mine if a < end)
             away = _away(profiles[d], seed, d, end) if profiles is not None else []
             spans = [(a, b, s) for a, b, s in busy] + [(a, b, s) for s, a, b in away]
             spans = sorted((max(a, self.origin), b, s) for a, b, s in spans if b > self.origin)
@@ -115,33 +153,29 @@ class Timeline:
             present = 0.0
             for a, b, s in spans:
                 if a > t:
-                    rows.append((d, "waiting", t, a))
+                    emit((d, "waiting", t, a))
                     waiting += a - t
                     present += a - t
                 a = max(a, t)
                 if b > a:
-                    rows.append((d, s, a, b))
+                    emit((d, s, a, b))
                     if s not in ("offline", "dead"):
                         present += b - a
                     t = b
             if end > t:
-                rows.append((d, "waiting", t, end))
+                emit((d, "waiting", t, end))
                 waiting += end - t
                 present += end - t
             self.idle[d] = waiting / present if present > 0 else 0.0
-        self.rows = rows
+            waits.append(waiting)
+            presents.append(present)
 
     def idle_fraction(self) -> float:
-        """Overall idle fraction: total waiting time over total online, alive time."""
-        wait = defaultdict(float)
-        present = defaultdict(float)
-        for d, s, a, b in self.rows:
-            if s == "waiting":
-                wait[d] += b - a
-            if s not in ("offline", "dead"):
-                present[d] += b - a
-        tot = sum(present.values())
-        return sum(wait.values()) / tot if tot > 0 else 0.0
+        """Overall idle fraction: total waiting time over total online, alive time (of the
+        last :meth:`finish`)."""
+        waits, presents = self._sums
+        tot = sum(presents)
+        return sum(waits) / tot if tot > 0 else 0.0
 
     def write_csv(self, path: Path) -> None:
         """``device,state,start_s,end_s`` rows, sorted by device then start."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 
 from ...policies.consistency import Apply
@@ -135,7 +137,7 @@ class HermesCoordinator(CoordinatorPlugin):
         self.allocator.load_state_dict(state["allocator"])
 
 
-def settled_cv(times: dict[int, list[float]], last: int = 5) -> float | None:
+def settled_cv(times: Mapping[int, Sequence[float]], last: int = 5) -> float | None:
     """CV across devices of each device's mean iteration time over its last ``last``."""
     means = [float(np.mean(t[-last:])) for t in times.values() if t]
     if len(means) < 2 or np.mean(means) <= 0:

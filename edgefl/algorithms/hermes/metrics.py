@@ -12,6 +12,7 @@ returns a JSON-ready dict for ``metrics.jsonl`` and the final summary.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,7 +42,9 @@ class HermesMetrics:
         self.iterations: dict[int, int] = {}
         self.requests: dict[int, int] = {}
         self.pushes: dict[int, int] = {}
-        self.times: dict[int, list[float]] = {}
+        # (a device's history as packed doubles: 8 bytes an iteration, where a list of
+        # floats took 32; every device's, every round, for the whole run)
+        self.times: dict[int, array] = {}
         self.messages_by_kind: dict[str, int] = {}
         self.bytes_by_kind: dict[str, int] = {}
 
@@ -53,7 +56,7 @@ class HermesMetrics:
         self.iterations.setdefault(d, 0)
         self.requests.setdefault(d, 0)
         self.pushes.setdefault(d, 0)
-        self.times.setdefault(d, [])
+        self.times.setdefault(d, array("d"))
 
     def record_iteration(self, device: int, seconds: float | None = None) -> None:
         """One local iteration of ``device``; ``seconds`` (its duration) goes to the history."""
@@ -157,6 +160,6 @@ class HermesMetrics:
         self.iterations = {i: int(x) for i, x in zip(ids, state["iterations"])}
         self.requests = {i: int(x) for i, x in zip(ids, state["requests"])}
         self.pushes = {i: int(x) for i, x in zip(ids, state["pushes"])}
-        self.times = {i: [float(t) for t in ts] for i, ts in zip(ids, state["times"])}
+        self.times = {i: array("d", [float(t) for t in ts]) for i, ts in zip(ids, state["times"])}
         self.messages_by_kind = {str(k): int(v) for k, v in state["messages_by_kind"].items()}
         self.bytes_by_kind = {str(k): int(v) for k, v in state["bytes_by_kind"].items()}

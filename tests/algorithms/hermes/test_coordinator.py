@@ -83,14 +83,14 @@ def test_on_iteration_records_times_and_feeds_only_positive_ones_to_the_allocato
     h.on_iteration(0, 2.0)
     h.on_iteration(0, 0.0)  # an unmeasured iteration: the allocator would refuse it
     h.on_iteration(1, 1.0)
-    assert h.metrics.times[0] == [2.0, 0.0] and h.metrics.iterations == {0: 2, 1: 1}
+    assert list(h.metrics.times[0]) == [2.0, 0.0] and h.metrics.iterations == {0: 2, 1: 1}
     assert h.allocator.state_dict()["measurements"] == [1, 1]
 
 
 def test_a_fixed_allocation_does_not_measure():
     _, h = make()
     h.on_iteration(0, 3.0)
-    assert h.metrics.times[0] == [3.0]
+    assert list(h.metrics.times[0]) == [3.0]
     assert h.allocator.state_dict()["measurements"] == [0, 0]
 
 
