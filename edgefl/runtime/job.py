@@ -113,7 +113,6 @@ def run_rank(cfg: dict, out: str | None, resume: str | None, stem: str, local_ra
             worker = None
             try:
                 task = build_task(cfg, "cpu")
-                task.test_set = checked_test_set(cfg)  # (built by this rank's preflight)
                 _check_chunks(cfg, task.flat.nbytes)
                 t.validator.model_numel = task.flat.numel
                 if is_shard(t.rank, cfg["ps"]["servers"]):

@@ -72,11 +72,10 @@ class Timeline:
     def state_dict(self) -> dict:
         """The busy intervals so far (for a checkpoint): ``busy`` is an (N, 4) float64 array
         of rows (device, index in STATES, start_s, end_s), ``origin`` the first second."""
-        dev = np.asarray(self._dev)  # (array("q"): int64, no copy)
-        order = np.argsort(dev, kind="stable")
-        busy = np.empty((len(order), 4), np.float64)  # (filled column by column: one copy
-        for j, col in enumerate((self._dev, self._state, self._start, self._end)):  # of the
-            busy[:, j] = np.asarray(col)[order]  # rows, where stacking columns made four)
+        columns = self._columns()
+        busy = np.empty((len(columns[0]), 4), np.float64)  # (filled column by column:
+        for j, col in enumerate(columns):  # stacking the columns made three more copies)
+            busy[:, j] = col
         return {"busy": busy, "origin": float(self.origin)}
 
     def load_state_dict(self, state: dict | None, now: float, keep_future: bool) -> None:
@@ -113,31 +112,22 @@ class Timeline:
 
         ``profiles`` (device -> Profile, virtual clock only) give the offline and dead
         intervals; without them a device is online and alive throughout. With ``csv_path``
-        the rows go straight into that file (``timeline.csv``, as :meth:`write_csv` writes
-        it: to a temporary file, then renamed) and are not kept: a long run of a large fleet
-        has millions of them (10,000 devices for 60 BSP rounds: 3.6 million, about 400 MB
-        as tuples). :attr:`idle` and :meth:`idle_fraction` are set either way.
+        the rows go straight into that file (as :meth:`write_csv` writes them) and are not
+        kept: a long run of a large fleet has millions of them (10,000 devices for 60 BSP
+        rounds: 3.6 million, about 400 MB as tuples). :attr:`idle` and
+        :meth:`idle_fraction` are set either way.
         """
-        keep: list[tuple[int, str, float, float]] | None = [] if csv_path is None else None
-        self.rows = keep if keep is not None else []
         self._sums = ([], [])
+        rows = self._rows(devices, end, profiles, seed)
         if csv_path is None:
-            self._finish(devices, end, profiles, seed, keep.append)  # type: ignore[union-attr]
-            return
-        tmp = csv_path.with_name(csv_path.name + ".tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(["device", "state", "start_s", "end_s"])
+            self.rows = list(rows)
+        else:
+            self.rows = []
+            _write_rows(csv_path, rows)
 
-            def emit(row: tuple[int, str, float, float]) -> None:
-                d, s, a, b = row
-                w.writerow([d, s, repr(float(a)), repr(float(b))])
-
-            self._finish(devices, end, profiles, seed, emit)
-        tmp.replace(csv_path)
-
-    def _finish(self, devices: list[int], end: float, profiles, seed: int, emit) -> None:
-        """:meth:`finish`'s rows, device by device, each handed to ``emit``."""
+    def _rows(self, devices: list[int], end: float, profiles, seed: int):
+        """:meth:`finish`'s rows, device by device (a generator that sets :attr:`idle` and
+        the sums of :meth:`idle_fraction` as it goes)."""
         dev, state, starts, ends = self._columns()
         waits, presents = self._sums
         for d in devices:
@@ -153,17 +143,17 @@ class Timeline:
             present = 0.0
             for a, b, s in spans:
                 if a > t:
-                    emit((d, "waiting", t, a))
+                    yield (d, "waiting", t, a)
                     waiting += a - t
                     present += a - t
                 a = max(a, t)
                 if b > a:
-                    emit((d, s, a, b))
+                    yield (d, s, a, b)
                     if s not in ("offline", "dead"):
                         present += b - a
                     t = b
             if end > t:
-                emit((d, "waiting", t, end))
+                yield (d, "waiting", t, end)
                 waiting += end - t
                 present += end - t
             self.idle[d] = waiting / present if present > 0 else 0.0
@@ -179,13 +169,19 @@ class Timeline:
 
     def write_csv(self, path: Path) -> None:
         """``device,state,start_s,end_s`` rows, sorted by device then start."""
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(["device", "state", "start_s", "end_s"])
-            for d, s, a, b in self.rows:
-                w.writerow([d, s, repr(float(a)), repr(float(b))])
-        tmp.replace(path)
+        _write_rows(path, self.rows)
+
+
+def _write_rows(path: Path, rows) -> None:
+    """timeline.csv of ``rows`` (an iterable of (device, state, start_s, end_s)): to a
+    temporary file, then renamed."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["device", "state", "start_s", "end_s"])
+        for d, s, a, b in rows:
+            w.writerow([d, s, repr(float(a)), repr(float(b))])
+    tmp.replace(path)
 
 
 def _away(profile, seed: int, device: int, end: float) -> list[tuple[str, float, float]]:
