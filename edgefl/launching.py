@@ -247,10 +247,22 @@ def run_in_process(
     this is the main thread) stop every rank: exit status 130 in the run directory and one
     line on stderr; after a SIGINT, KeyboardInterrupt is raised again (the CLI: status 130).
     """
+    from .preflight import checked_test_set
+
+    preflight(cfg, keep_test=True)  # (rank 0, in this process, takes the test set it built)
+    try:
+        return _run_checked(cfg, ranks, run_dir, resume, state)
+    finally:
+        checked_test_set(cfg)  # (not taken when the job failed first: not kept in the process)
+
+
+def _run_checked(
+    cfg: dict, ranks: int, run_dir: Path, resume: str | None, state: dict | None
+) -> tuple[int, str]:
+    """:func:`run_in_process` after its check: the run directory, the banner, the job."""
     from .runtime.inline import run_inline
     from .runtime.rundir import check_run_identity, prepare_run_dir
 
-    preflight(cfg)
     if resume and state is None:
         from .ckpt import resume_checkpoint
 

@@ -64,18 +64,18 @@ _CHECKED_TEST: tuple[str, Any] | None = None  # (its data's key, the test set a 
 
 def _data_key(cfg: dict) -> str:
     """What the test set depends on: the data source and its arguments, the fleet's size
-    and the seed."""
+    and the seed (and whether it is spilled: run.test_memory_mb)."""
     import json
 
-    return json.dumps([cfg["data"], cfg["fleet"]["devices"], cfg["seed"]], sort_keys=True,
-                      default=repr)  # fmt: skip
+    return json.dumps([cfg["data"], cfg["fleet"]["devices"], cfg["seed"],
+                       cfg["run"]["test_memory_mb"]], sort_keys=True, default=repr)  # fmt: skip
 
 
 def checked_test_set(cfg: dict) -> Any:
     """The test set :func:`preflight` built in this process for ``cfg``'s data when asked to
-    keep it (rank 0 of ``edgefl simulate``: the coordinator takes it rather than building a
-    large fleet's test set a second time: 100,000 synthetic devices, about 7 s), handed
-    over once; None otherwise."""
+    keep it (rank 0 of ``edgefl simulate`` under MPI, and the in-process backend: the
+    coordinator takes it rather than building a large fleet's test set a second time:
+    100,000 synthetic devices, about 7 s), handed over once; None otherwise."""
     global _CHECKED_TEST
     kept, _CHECKED_TEST = _CHECKED_TEST, None
     return kept[1] if kept is not None and kept[0] == _data_key(cfg) else None
@@ -100,6 +100,7 @@ def preflight(cfg: dict, show: Any = None, keep_test: bool = False) -> str:
     the job's rank 0).
     """
     import logging
+    import tempfile
     import time
 
     from .data.checks import (
@@ -110,6 +111,7 @@ def preflight(cfg: dict, show: Any = None, keep_test: bool = False) -> str:
         fmt_bytes,
         scan_devices,
     )
+    from .data.spill import SpilledTensors, load_test, test_memory_bytes
     from .runtime.policies import check_policies
     from .runtime.stacking import check_vectorize
     from .runtime.state import build_task
@@ -122,9 +124,10 @@ def preflight(cfg: dict, show: Any = None, keep_test: bool = False) -> str:
     mode = cfg["run"].get("preflight", "auto")
     source = cfg["data"]["source"]
     line = ""
+    budget = test_memory_bytes(cfg)
     if mode == "off":
         check_policies(cfg)
-        task.data.test()
+        test = load_test(task.data, budget)
     else:
         # the estimate comes before anything of the fleet's size (policies, test set)
         ranks = rank_count(cfg)
@@ -134,7 +137,7 @@ def preflight(cfg: dict, show: Any = None, keep_test: bool = False) -> str:
         check_policies(cfg)
         t0 = time.perf_counter()
         scan = scan_devices(task.data, mode, source)
-        est.test_bytes = check_test(task.data, source)
+        test, est.test_bytes = check_test(task.data, source, budget)
         seconds = time.perf_counter() - t0
         check_memory(est, room)
         checked = (
@@ -144,11 +147,18 @@ def preflight(cfg: dict, show: Any = None, keep_test: bool = False) -> str:
             f"about {scan.projected_s:.0f} s)"
         )
         of = f" of {fmt_bytes(room[0])} available" if room else ""
+        spilled = isinstance(test, SpilledTensors)
+        where = (
+            f" ({fmt_bytes(test.nbytes)}, kept in a temporary file in {tempfile.gettempdir()}: "
+            "run.test_memory_mb)"
+            if spilled
+            else ""
+        )
         line = (
-            f"edgefl simulate: checked the data of {checked} and the test set in "
+            f"edgefl simulate: checked the data of {checked} and the test set{where} in "
             f"{seconds:.2f} s; memory estimate {fmt_bytes(est.total)}{of}"
         )
-        if scan.checked < scan.devices or (room and est.total > room[0] / 2):
+        if scan.checked < scan.devices or (room and est.total > room[0] / 2) or spilled:
             if show is not None:
                 show(line)
             else:
@@ -163,7 +173,7 @@ def preflight(cfg: dict, show: Any = None, keep_test: bool = False) -> str:
         load_fleet(cfg["sim"]["profiles"], cfg["fleet"]["devices"], cfg["seed"])
     if keep_test:  # (every check passed: the job starts)
         global _CHECKED_TEST
-        _CHECKED_TEST = (_data_key(cfg), task.data.test())
+        _CHECKED_TEST = (_data_key(cfg), test)
     return line
 
 

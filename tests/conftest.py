@@ -172,7 +172,9 @@ def run_loopback_job(cfg: dict, ranks: int, *, shard_cls=None, coordinator_cls=N
     """A whole job in threads over the in-process loopback transport: rank 0 a coordinator
     (``coordinator_cls``, default Coordinator), ranks >= 1 workers or, with ``ps.servers``,
     server shards (``shard_cls``, default Shard). A rank whose ``run`` raises is recorded as
-    the exception's class name. Returns (coordinator, statuses by rank)."""
+    the exception's class name and dies on the fabric (the other ranks see it fail, as they
+    would see its process end over MPI: a test fails instead of rank 0 waiting for it
+    forever). Returns (coordinator, statuses by rank)."""
     import threading
 
     import torch
@@ -207,6 +209,7 @@ def run_loopback_job(cfg: dict, ranks: int, *, shard_cls=None, coordinator_cls=N
             statuses[r] = w.run()
         except Exception as e:  # noqa: BLE001 - e.g. a test's simulated death
             statuses[r] = type(e).__name__
+            fabric.kill(r)  # (as a rank's process ends over MPI: the others see it gone)
 
     torch.set_num_threads(1)
     threads = [threading.Thread(target=side, args=(r,)) for r in range(1, ranks)]

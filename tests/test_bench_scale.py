@@ -53,6 +53,24 @@ def test_fit_and_per_device_lines(capsys):
     assert "100.0 s per round" in out
 
 
+def test_the_100000_device_memory_target_line(capsys):
+    """4 GB = 4,000 MB (peak_rss_mb's unit: 10^6 bytes), for the vectorized rows of the
+    logreg job at 100,000 devices or more; none for other rows."""
+    rows = [
+        {"system": "edgefl-vec", "devices": 100_000, "peak_rss_mb": 3695.0},
+        {"system": "edgefl-inline-vec", "devices": 100_000, "peak_rss_mb": 4000.4},
+        {"system": "edgefl-vec", "devices": 10_000, "peak_rss_mb": 9999.0},
+    ]
+    scale._targets(rows)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "# 100000 devices, edgefl-vec: peak RSS 3695 MB (target <= 4000: met)",
+        "# 100000 devices, edgefl-inline-vec: peak RSS 4000 MB (target <= 4000: NOT met)",
+    ]
+    scale._targets(rows, job="mlp")
+    assert capsys.readouterr().out == ""
+
+
 @pytest.mark.skipif(importlib.util.find_spec("pfl") is not None, reason="pfl is installed here")
 @pytest.mark.parametrize("python", [sys.executable, "/nonexistent/python"])
 def test_systems_pfl_without_pfl_is_one_clear_line(python):

@@ -30,7 +30,7 @@ from edgefl.data.checks import (
     scan_devices,
 )
 from edgefl.data.clicks import ClicksFederated
-from edgefl.errors import ConfigError, DataError
+from edgefl.errors import ConfigError, DataError, EdgeflError
 from edgefl.launcher import rank_python
 from edgefl.launching import mpi_command
 from edgefl.preflight import checked_test_set, preflight
@@ -184,7 +184,8 @@ def test_good_data_of_every_task_passes(task):
     assert (report.checked, report.devices) == (5, 5)
     x_bytes = 6 * DIM * (8 if task == "lm" else 4)  # the test set: 6 examples
     y_bytes = {"classification": 6 * 8, "binary": 6 * 4, "regression": 6 * CLASSES * 4}
-    assert check_test(data, "mine:make") == x_bytes + y_bytes.get(task, x_bytes)
+    test, nbytes = check_test(data, "mine:make")
+    assert nbytes == x_bytes + y_bytes.get(task, x_bytes) and len(test) == 6
 
 
 def test_a_nan_test_set_is_refused():
@@ -317,6 +318,36 @@ def test_rank_0_takes_the_test_set_its_preflight_built_once(tmp_path):
     with pytest.raises(DataError):
         preflight(bad, keep_test=True)
     assert checked_test_set(bad) is None
+
+
+def test_the_in_process_backend_builds_the_test_set_once(tmp_path, monkeypatch):
+    """backend="inline": the check and rank 0 share a process, so the coordinator takes the
+    test set the check built (one build, the same accuracy as the MPI backend's rank 0
+    gets); nothing is left kept in the process after the job, nor after a job that fails
+    before rank 0 starts."""
+    import edgefl
+    import edgefl.preflight as preflight_module
+    from edgefl.data.synthetic import SyntheticFederated
+
+    built = []
+    test = SyntheticFederated.test
+
+    def counted(self):
+        if self._test is None:
+            built.append(self.num_devices)
+        return test(self)
+
+    monkeypatch.setattr(SyntheticFederated, "test", counted)
+    over = {"fleet.devices": 6, "run.rounds": 1, "output.progress": "quiet", "seed": 3}
+    res = edgefl.simulate(overrides=over, out=tmp_path / "a", backend="inline")
+    assert built == [6]
+    assert preflight_module._CHECKED_TEST is None
+    assert 0.0 <= res.summary["final_accuracy"] <= 1.0
+    # a run directory that refuses the job (it holds a run): the kept test set is dropped
+    with pytest.raises(EdgeflError, match="already holds a run"):
+        edgefl.simulate(overrides=over, out=tmp_path / "a", backend="inline")
+    assert built == [6, 6]
+    assert preflight_module._CHECKED_TEST is None
 
 
 def test_a_fleet_too_big_for_memory_is_refused_before_it_is_built(monkeypatch, tmp_path):

@@ -212,13 +212,13 @@ def test_shard_applies_pieces_that_arrive_after_the_apply_list():
         shard._progress()
 
     pump()
-    assert shard.version == 5 and shard.applies  # pieces missing: waits
+    assert shard.version == 5 and shard.todo  # pieces missing: waits
     w.send(1, SHARD_PUSH, device=0, round=9, aux=(0.0, 4.0, 5.0), payload=d0[:4].copy())
     pump()
     assert shard.version == 5
     w.send(1, SHARD_PUSH, device=1, round=9, aux=(0.0, 4.0, 5.0), payload=d1[:4].copy())
     pump()
-    assert shard.version == 6 and not shard.applies and not shard.pieces
+    assert shard.version == 6 and not shard.todo and not shard.pieces
     full = SampleWeighted().aggregate([Update(0, d0, 10, 0.7), Update(1, d1, 30, 0.5)])
     want = start + np.float32(cfg["server"]["lr"]) * full
     got = [m for m in r0.poll(timeout=0.5) if m.kind == SHARD_MODEL]
@@ -226,6 +226,44 @@ def test_shard_applies_pieces_that_arrive_after_the_apply_list():
     assert np.array_equal(got[0].payload, want[:4])
     # hand-computed: (30 d1 + 10 d0) / 40 on the first key
     assert np.isclose(got[0].payload[0], start[0] + (30 * d1[0] + 10 * d0[0]) / 40, atol=1e-6)
+
+
+def test_a_pull_is_served_before_the_apply_sent_after_it():
+    """Rank 0 asks for version 5 for worker rank 3, then for version 6 whose pieces are
+    already in (after a failover the workers hold the version the round re-runs from and
+    report at once): both in one poll. The pull gets version 5's values, then the shard
+    applies. (The shard once applied first and then failed: 'rank 3 pulls model version 5;
+    this shard holds version 6 only', which hung the failover test now and then.)"""
+    from edgefl.server.kinds import SHARD_PULL
+
+    cfg = load_config(overrides=[*SMALL, "ps.servers=2"])
+    fabric = Fabric(4)
+    shard = Shard(cfg, LoopbackTransport(fabric, 1, Validator(1)), 7, "sig")
+    r0 = LoopbackTransport(fabric, 0, Validator(0))
+    r0.validator.hosted[1] = frozenset({-1})
+    w = LoopbackTransport(fabric, 3, Validator(3))
+    w.validator.hosted[1] = frozenset({-1})
+    start = np.arange(4, dtype=np.float32)
+    r0.send(1, SHARD_MODEL, round=5, aux=(0.0, 4.0), payload=start.copy())
+    w.send(1, SHARD_PUSH, device=0, round=9, aux=(0.0, 4.0, 5.0), payload=np.ones(4, np.float32))
+    r0.send(1, SHARD_PULL, round=5, aux=(3.0, 5.0))
+    r0.send(1, SHARD_APPLY, round=6, payload=np.array([0, 9, 10, 0.5], np.float64))
+    msgs = shard.t.poll(timeout=0.5)
+    assert [m.kind for m in msgs].count(SHARD_APPLY) == 1 and len(msgs) == 4  # one poll
+    for m in msgs:
+        shard._handle(m)
+    shard._progress()
+    assert shard.version == 6 and not shard.todo
+    got = [m for m in w.poll(timeout=0.5) if m.kind == SHARD_MODEL]
+    assert [m.round for m in got] == [5]
+    assert np.array_equal(got[0].payload, start)  # version 5's values, not version 6's
+    # a pull of a version the shard no longer holds is an error naming both versions
+    r0.send(1, SHARD_PULL, round=5, aux=(3.0, 5.0))
+    for m in shard.t.poll(timeout=0.5):
+        shard._handle(m)
+    with pytest.raises(EdgeflError, match="rank 3 pulls model version 5; this shard holds "
+                       "version 6 only"):  # fmt: skip
+        shard._progress()
 
 
 # -- over real mpiexec --------------------------------------------------------------------

@@ -61,6 +61,16 @@ _CORE: dict[str, Any] = {
             "clock seconds (0 = only eval_every).",
             min=0.0,
         ),
+        "test_memory_mb": field(
+            256.0,
+            "float",
+            "Largest test set in MiB that rank 0 keeps in memory; a larger one (from a "
+            "source that knows its size and builds it in parts: the synthetic one) goes to "
+            "an unlinked temporary file in $TMPDIR, part by part, and is evaluated from there "
+            "batch by batch, with the same results (0 = always in memory; "
+            "docs/performance.md).",
+            min=0.0,
+        ),
         "checkpoint_every": field(
             5, "int", "Write a checkpoint every N rounds (0 = only at the end).", min=0
         ),

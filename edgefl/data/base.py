@@ -12,7 +12,7 @@ Conventions shared by every source:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,18 @@ class FederatedDataset(ABC):
     @abstractmethod
     def num_samples(self, device: int) -> int:
         """Number of training examples held by ``device`` (cheap: no data is generated)."""
+
+    def test_nbytes(self) -> int | None:
+        """Bytes of :meth:`test` before it is built (cheap), or None when unknown (the
+        default). With a size over ``run.test_memory_mb``, rank 0 builds the test set with
+        :meth:`test_parts` into a temporary file instead (:mod:`edgefl.data.spill`)."""
+        return None
+
+    def test_parts(self, rows: int) -> Iterator[Dataset]:
+        """The test set in consecutive parts of about ``rows`` examples each (TensorDatasets
+        of (features, targets)): their concatenation is :meth:`test`, and no part is kept
+        here. The default yields :meth:`test` whole."""
+        yield self.test()
 
     def forget(self, device: int) -> None:
         """Drop what this object keeps of ``device``'s training data; a later :meth:`train`

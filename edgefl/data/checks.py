@@ -304,10 +304,18 @@ def check_device(data: FederatedDataset, device: int, source: str) -> None:
     check_examples(ds, data.info, where, source)
 
 
-def check_test(data: FederatedDataset, source: str) -> int:
-    """The test set: non-empty and :func:`check_examples`; returns its size in bytes."""
+def check_test(data: FederatedDataset, source: str, memory_bytes: int = 0) -> tuple[Dataset, int]:
+    """The test set, built (in memory, or over ``memory_bytes`` to a temporary file part by
+    part, each part checked before it is written: :func:`edgefl.data.spill.load_test`),
+    non-empty and :func:`check_examples`; returns it and the bytes it holds in memory (0 for
+    a spilled one)."""
+    from .spill import SpilledTensors, load_test
+
+    def check(part: Dataset) -> None:
+        check_examples(part, data.info, "test set", source)
+
     try:
-        test = data.test()
+        test = load_test(data, memory_bytes, check)
         n = len(test)  # type: ignore[arg-type]
     except DataError:
         raise
@@ -317,8 +325,10 @@ def check_test(data: FederatedDataset, source: str) -> int:
         ) from None
     if n == 0:
         raise DataError(f"test set: no examples (data.source = {source!r})")
+    if isinstance(test, SpilledTensors):
+        return test, 0
     check_examples(test, data.info, "test set", source)
-    return data_bytes(test)
+    return test, data_bytes(test)
 
 
 def check_examples(ds: Dataset, info: DataInfo, where: str, source: str) -> None:

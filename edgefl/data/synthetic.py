@@ -19,6 +19,7 @@ device ``k`` without building any other device, on any rank, with identical resu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -139,10 +140,25 @@ class SyntheticFederated(FederatedDataset):
     def test(self) -> TensorDataset:
         """``test_samples_per_device`` held-out examples from every device's distribution."""
         if self._test is None:
-            m = self.test_samples_per_device
-            x = np.empty((self.num_devices * m, self.dim), np.float32)  # (filled in place: a
-            y = np.empty(self.num_devices * m, np.int64)  # large fleet's test set is large)
-            for k in range(self.num_devices):
-                self._sample_into(k, _TEST, x[k * m : (k + 1) * m], y[k * m : (k + 1) * m])
-            self._test = TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+            self._test = self._test_of(0, self.num_devices)
         return self._test
+
+    def test_nbytes(self) -> int:
+        """Bytes of :meth:`test` (float32 features, int64 labels), without building it."""
+        return self.num_devices * self.test_samples_per_device * (4 * self.dim + 8)
+
+    def test_parts(self, rows: int) -> Iterator[TensorDataset]:
+        """:meth:`test` in parts of whole devices' shares (about ``rows`` examples each),
+        built one at a time and not kept."""
+        per = max(1, rows // self.test_samples_per_device)
+        for k in range(0, self.num_devices, per):
+            yield self._test_of(k, min(k + per, self.num_devices))
+
+    def _test_of(self, first: int, stop: int) -> TensorDataset:
+        """The test examples of devices ``first .. stop - 1``, in device order."""
+        m = self.test_samples_per_device
+        x = np.empty(((stop - first) * m, self.dim), np.float32)  # (filled in place: a
+        y = np.empty((stop - first) * m, np.int64)  # large fleet's test set is large)
+        for i, k in enumerate(range(first, stop)):
+            self._sample_into(k, _TEST, x[i * m : (i + 1) * m], y[i * m : (i + 1) * m])
+        return TensorDataset(torch.from_numpy(x), torch.from_numpy(y))

@@ -21,6 +21,7 @@ from ..algorithms.base import CoordinatorPlugin, Download, TaskSpec
 from ..comm import Kind, Message, Transport
 from ..comm.taskflags import CONTINUE, REFRESH, pack_flags
 from ..comm.wire import HEADER_BYTES
+from ..data.spill import load_test, test_memory_bytes
 from ..errors import EdgeflError
 from ..kernels import fingerprint
 from ..launcher import INTERRUPTED
@@ -535,7 +536,9 @@ class Coordinator:
         self.progress = Progress(cfg["output"]["progress"], rounds, start=self.start_round)
         self.trackers = make_trackers(cfg, out, self.history)  # output.trackers (csv, ...)
         self.test_set = (
-            self.task.test_set if self.task.test_set is not None else self.task.data.test()
+            self.task.test_set
+            if self.task.test_set is not None
+            else load_test(self.task.data, test_memory_bytes(cfg))
         )
         self._t0 = time.monotonic() - self.wall_offset
         self.period = summary.new_period()

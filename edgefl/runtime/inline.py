@@ -229,6 +229,9 @@ def _run(cfg: dict, run_dir: Path, ranks: int, resume: dict | None) -> tuple[int
     virtual = cfg["sim"]["clock"] == "virtual"
     fabric = Bells(ranks, Turns() if virtual else None)  # (wall clock: every rank at once)
     tasks = [build_task(cfg, "cpu") for _ in range(ranks)]  # before any thread (see above)
+    from ..preflight import checked_test_set
+
+    tasks[0].test_set = checked_test_set(cfg)  # (the one run_in_process's check built, if any)
     transports = [_transport(cfg, fabric, r, tasks[r]) for r in range(ranks)]
     statuses: list[int | None] = [None] * ranks
     threads = [

@@ -47,6 +47,7 @@ import signal
 import socket
 import sys
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -150,8 +151,9 @@ class Shard:
         self.agg_bufs: dict[int, np.ndarray] = {}
         self.version = -1
         self.pieces: dict[tuple[int, int, int], np.ndarray] = {}  # (range, device, task)
-        self.applies: list[tuple[int, np.ndarray]] = []  # (new version, rows) not done yet
-        self.pulls: list[tuple[int, int]] = []  # (rank, version) not served yet
+        # rank 0's requests not done yet, in the order it sent them: ("apply", new version,
+        # rows) and ("pull", rank, version)
+        self.todo: deque[tuple[str, int, Any]] = deque()
         self.applied = 0  # applies started (debug.kill_ranks counts them)
         self.replica_bytes = 0  # SHARD_REPLICA bytes sent (header included)
         self.doing = "set-up"
@@ -184,7 +186,7 @@ class Shard:
             now = time.monotonic()
             if any(m.src == 0 for m in msgs):
                 heard = now
-            elif limit and now - heard > limit and not self.applies:
+            elif limit and now - heard > limit and not self.todo:
                 self.t.declare_failed(0, f"silent for {limit:.0f} s (comm.failure_timeout_s x 2)")
             failures = self.t.take_failures()
             if 0 in failures or 0 in self.t.failed:
@@ -234,10 +236,10 @@ class Shard:
         elif k == SHARD_OWNERS and msg.src == 0:
             self._take_owners(msg)
         elif k == SHARD_PULL:
-            self.pulls.append((int(msg.aux[0]), int(msg.aux[1])))
+            self.todo.append(("pull", int(msg.aux[0]), int(msg.aux[1])))
         elif k == SHARD_APPLY:
             rows = np.array(msg.payload, np.float64).reshape(-1, 4)
-            self.applies.append((int(msg.round), rows))
+            self.todo.append(("apply", int(msg.round), rows))
         elif k == Kind.HEARTBEAT and msg.src == 0:
             s = self.t.stats
             vals = (s.bytes_sent, s.bytes_recv, s.msgs_sent, s.msgs_recv)
@@ -295,8 +297,7 @@ class Shard:
         self.owners = [int(x) for x in msg.payload]
         self.epoch = int(msg.aux[0])
         self.dead.update(r for r in range(1, self.servers + 1) if r not in self.owners)
-        self.applies.clear()
-        self.pulls.clear()
+        self.todo.clear()
         self.pieces.clear()
         self.t.wait_sends()
         # rank 0 sends the optimizer state of version v for every range after the answers
@@ -324,31 +325,35 @@ class Shard:
                     payload=np.array([1.0 if ok else 0.0], np.float64))  # fmt: skip
 
     def _progress(self) -> None:
-        """Apply what can be applied (in order), then serve the pulls of held versions."""
-        while self.applies:
-            version, rows = self.applies[0]
-            keys = [(i, int(r[0]), int(r[1])) for i in self.own for r in rows]
-            if any(k not in self.pieces for k in keys):
-                break  # pieces still on their way
-            self.applies.pop(0)
-            self._apply(version, rows)
-        left = []
-        for rank, version in self.pulls:
-            if version == self.version and self.own:
-                for i, a in sorted(self.own.items()):
-                    r = self.ranges[i]
-                    self.t.send(
-                        rank, SHARD_MODEL, round=version,
-                        aux=(float(r.start), float(r.stop), float(self.epoch), 0.0), payload=a,
-                    )  # fmt: skip
-            elif version > self.version:
-                left.append((rank, version))
-            else:
+        """Do rank 0's requests in the order it sent them: an apply once its pieces are in, a
+        pull with the version current when it was asked. (Pulls once went after every apply
+        that could be done: after a failover the workers already hold the version the round
+        re-runs from and report at once, so a pull of it and the next apply came in one poll,
+        the apply went first, and the pull named a version this shard no longer held.)"""
+        while self.todo:
+            what, a, b = self.todo[0]
+            if what == "apply":
+                keys = [(i, int(r[0]), int(r[1])) for i in self.own for r in b]
+                if any(k not in self.pieces for k in keys):
+                    return  # pieces still on their way
+                self.todo.popleft()
+                self._apply(a, b)
+                continue
+            rank, version = a, b
+            if version > self.version or not self.own:
+                return  # (that version is still to come)
+            if version < self.version:
                 raise EdgeflError(
                     f"shard rank {self.t.rank}: rank {rank} pulls model version {version}; "
                     f"this shard holds version {self.version} only"
                 )
-        self.pulls = left
+            self.todo.popleft()
+            for i, v in sorted(self.own.items()):
+                r = self.ranges[i]
+                self.t.send(
+                    rank, SHARD_MODEL, round=version,
+                    aux=(float(r.start), float(r.stop), float(self.epoch), 0.0), payload=v,
+                )  # fmt: skip
 
     def _apply(self, version: int, rows: np.ndarray) -> None:
         """Aggregate the pieces named by ``rows`` into every owned range (as rank 0's

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from ...data.spill import batches_of
 from ...errors import ConfigError
 from ...models.train import as_tensors, evaluate
 from ...specs import import_spec
@@ -63,6 +64,10 @@ def _batches(dataset: Dataset, bs: int):
     torch's global random stream)."""
     n = len(dataset)  # type: ignore[arg-type]
     tensors = as_tensors(dataset)
+    spilled = batches_of(dataset, bs)  # (a test set on disk: the same batches)
+    if tensors is None and spilled is not None:
+        yield from spilled
+        return
     for i in range(0, n, bs):
         if tensors is not None:
             yield tensors[0][i : i + bs], tensors[1][i : i + bs]
