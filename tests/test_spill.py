@@ -179,3 +179,15 @@ def test_over_mpiexec_rank_0_evaluates_from_disk_with_the_same_results(tmp_path,
         summaries[name] = json.loads((tmp_path / name / "summary.json").read_text())
     for key in ("model_sha256", "final_accuracy", "final_test_loss"):
         assert summaries["disk"][key] == summaries["mem"][key], key
+
+
+def test_no_room_for_the_file_is_one_line_naming_the_key(monkeypatch, tmp_path):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))  # ($TMPDIR's folder)
+    with pytest.raises(DataError) as e:
+        check_test(_Parts(), "mine:make", 1)
+    text = str(e.value)
+    assert text.startswith("test set: its 0.0 MB (over run.test_memory_mb = 9.53674e-07) go ")
+    assert f"in {tmp_path / 'gone'}, which failed: No such file or directory; set TMPDIR" in text
+    assert "\n" not in text

@@ -162,8 +162,9 @@ def load_test(
     size = data.test_nbytes()
     if not memory_bytes or size is None or size <= memory_bytes:
         return data.test()
-    spilled = SpilledTensors()
+    spilled = None
     try:
+        spilled = SpilledTensors()
         for part in data.test_parts(PART_ROWS):
             if check is not None:
                 check(part)
@@ -174,7 +175,15 @@ def load_test(
                     "(features, targets)"
                 )
             spilled.append(*tensors)
-    except BaseException:
-        spilled.close()
+    except BaseException as e:
+        if spilled is not None:
+            spilled.close()
+        if isinstance(e, OSError):  # (no such directory, no room, no permission)
+            raise DataError(
+                f"test set: its {size / 1e6:.1f} MB (over run.test_memory_mb = "
+                f"{memory_bytes / (1 << 20):g}) go to a temporary file in "
+                f"{tempfile.gettempdir()}, which failed: {e.strerror or e}; set TMPDIR to a "
+                "directory with room, or raise run.test_memory_mb to keep it in memory"
+            ) from None
         raise
     return spilled
