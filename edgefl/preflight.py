@@ -111,7 +111,7 @@ def preflight(cfg: dict, show: Any = None, keep_test: bool = False) -> str:
         fmt_bytes,
         scan_devices,
     )
-    from .data.spill import SpilledTensors, load_test, test_memory_bytes
+    from .data.spill import SpilledTensors, load_test, spill_budget
     from .runtime.policies import check_policies
     from .runtime.stacking import check_vectorize
     from .runtime.state import build_task
@@ -124,7 +124,7 @@ def preflight(cfg: dict, show: Any = None, keep_test: bool = False) -> str:
     mode = cfg["run"].get("preflight", "auto")
     source = cfg["data"]["source"]
     line = ""
-    budget = test_memory_bytes(cfg)
+    budget = spill_budget(cfg)
     if mode == "off":
         check_policies(cfg)
         test = load_test(task.data, budget)

@@ -147,7 +147,7 @@ def batches_of(
     return dataset.batches(batch_size) if isinstance(dataset, SpilledTensors) else None
 
 
-def test_memory_bytes(cfg: dict) -> int:
+def spill_budget(cfg: dict) -> int:
     """``run.test_memory_mb`` in bytes (0: no limit)."""
     return int(cfg["run"]["test_memory_mb"] * (1 << 20))
 

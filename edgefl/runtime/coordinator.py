@@ -21,7 +21,7 @@ from ..algorithms.base import CoordinatorPlugin, Download, TaskSpec
 from ..comm import Kind, Message, Transport
 from ..comm.taskflags import CONTINUE, REFRESH, pack_flags
 from ..comm.wire import HEADER_BYTES
-from ..data.spill import load_test, test_memory_bytes
+from ..data.spill import load_test, spill_budget
 from ..errors import EdgeflError
 from ..kernels import fingerprint
 from ..launcher import INTERRUPTED
@@ -538,7 +538,7 @@ class Coordinator:
         self.test_set = (
             self.task.test_set
             if self.task.test_set is not None
-            else load_test(self.task.data, test_memory_bytes(cfg))
+            else load_test(self.task.data, spill_budget(cfg))
         )
         self._t0 = time.monotonic() - self.wall_offset
         self.period = summary.new_period()
