@@ -185,3 +185,29 @@ def test_sample_generator_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     for cid in first:
         assert np.array_equal(first[cid]["pixels"], second[cid]["pixels"])
     assert not os.path.exists(str(out) + ".tmp")
+
+
+@pytest.mark.parametrize("mode", ["test_path", "test_fraction"])
+def test_test_set_in_parts_and_on_disk(tmp_path: Path, mode: str) -> None:
+    """run.test_memory_mb: the test set's size from metadata, its parts (whole clients) in
+    test()'s order, and a spilled copy that reads back the same rows."""
+    from edgefl.data.spill import SpilledTensors, load_test
+
+    write_fedh5(tmp_path / "f.h5", _clients(7))
+    write_fedh5(tmp_path / "t.h5", _clients(4, seed=5))
+    args = {"path": str(tmp_path / "f.h5")}
+    args |= {"test_path": str(tmp_path / "t.h5")} if mode == "test_path" else {"test_fraction": 0.3}
+    fd = load_federated("fedh5", args, 6, seed=1)
+    x, y = load_federated("fedh5", args, 6, seed=1).test().tensors
+    assert fd.test_nbytes() == x.numel() * 4 + y.numel() * 8
+    for rows in (1, 10, 10_000):
+        parts = list(fd.test_parts(rows))
+        assert all(len(p) >= rows for p in parts[:-1])
+        assert torch.equal(torch.cat([p.tensors[0] for p in parts]), x)
+        assert torch.equal(torch.cat([p.tensors[1] for p in parts]), y)
+    assert fd._test is None  # (no part kept)
+    spilled = load_test(fd, fd.test_nbytes() - 1)
+    assert isinstance(spilled, SpilledTensors) and len(spilled) == len(y)
+    got = list(spilled.batches(7))
+    assert torch.equal(torch.cat([b[0] for b in got]), x)
+    assert torch.equal(torch.cat([b[1] for b in got]), y)

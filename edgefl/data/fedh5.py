@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import h5py
@@ -354,22 +354,10 @@ class FedH5Federated(FederatedDataset):
     def test(self) -> TensorDataset:
         """All clients of ``test_path`` pooled, or every used client's held-out part."""
         if self._test is None:
-            xs: list[torch.Tensor] = []
-            ys: list[torch.Tensor] = []
-            if self.test_path is not None:
-                with _open(self.test_path) as f:
-                    examples = _examples(f, self.test_path)
-                    for cid in sorted(examples.keys()):
-                        x, y = _read_client(examples, self.test_path, cid, self.xname, self.yname)
-                        self._checked(x, y, self.test_path, cid)
-                        xs.append(x)
-                        ys.append(y)
-            else:
-                for k in range(self.num_devices):
-                    x, y = self._read_device(k)
-                    idx = torch.from_numpy(self._split(k, len(y))[1])
-                    xs.append(x[idx])
-                    ys.append(y[idx])
+            xs, ys = [], []
+            for x, y in self._test_pieces():
+                xs.append(x)
+                ys.append(y)
             test = TensorDataset(torch.cat(xs), torch.cat(ys))
             if len(test) == 0:
                 raise DataError(
@@ -378,3 +366,46 @@ class FedH5Federated(FederatedDataset):
                 )
             self._test = test
         return self._test
+
+    def test_nbytes(self) -> int:
+        """Bytes of :meth:`test` (float32 or int64 features, int64 labels), from the files'
+        metadata: no example is read."""
+        width = 8 if self.info.input_dtype == "int64" else 4
+        row = width * int(np.prod(self.info.input_shape, dtype=np.int64)) + 8
+        if self.test_path is None:
+            return row * sum(self._num_test(n) for n in self._sizes)
+        with _open(self.test_path) as f:
+            examples = _examples(f, self.test_path)
+            return row * sum(
+                _client_meta(examples, self.test_path, cid, self.xname, self.yname)[0]
+                for cid in sorted(examples.keys())
+            )
+
+    def test_parts(self, rows: int) -> Iterator[TensorDataset]:
+        """:meth:`test` in parts of whole clients (at least ``rows`` examples each but the
+        last), read one at a time and not kept."""
+        xs: list[torch.Tensor] = []
+        ys: list[torch.Tensor] = []
+        for x, y in self._test_pieces():
+            xs.append(x)
+            ys.append(y)
+            if sum(len(t) for t in ys) >= rows:
+                yield TensorDataset(torch.cat(xs), torch.cat(ys))
+                xs, ys = [], []
+        if ys:
+            yield TensorDataset(torch.cat(xs), torch.cat(ys))
+
+    def _test_pieces(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Each test client's examples, or each used client's held-out part, in order."""
+        if self.test_path is not None:
+            with _open(self.test_path) as f:
+                examples = _examples(f, self.test_path)
+                for cid in sorted(examples.keys()):
+                    x, y = _read_client(examples, self.test_path, cid, self.xname, self.yname)
+                    self._checked(x, y, self.test_path, cid)
+                    yield x, y
+        else:
+            for k in range(self.num_devices):
+                x, y = self._read_device(k)
+                idx = torch.from_numpy(self._split(k, len(y))[1])
+                yield x[idx], y[idx]

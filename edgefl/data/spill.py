@@ -1,12 +1,13 @@
 """A large test set kept on disk instead of in rank 0's memory (``run.test_memory_mb``).
 
-Rank 0 evaluates the global model on the fleet's test set, and the synthetic sources draw
+Rank 0 evaluates the global model on the fleet's test set, and the synthetic source draws
 a share of it from every device's distribution: 100 examples of dimension 20 a device are
 880 MB at 100,000 devices, the largest thing rank 0 holds. Evaluation reads the test set in
 order, one batch at a time, so it need not be in memory: :func:`load_test` builds it part by
 part (:meth:`edgefl.data.base.FederatedDataset.test_parts`) and, when the source says it is
-larger than the budget (:meth:`~edgefl.data.base.FederatedDataset.test_nbytes`), writes each
-part to a temporary file and keeps only the file (:class:`SpilledTensors`). The evaluation
+larger than the budget (:meth:`~edgefl.data.base.FederatedDataset.test_nbytes`: the synthetic
+source and ``fedh5`` know it), writes each part to a temporary file and keeps only the file
+(:class:`SpilledTensors`). The evaluation
 reads the same batches from it (:meth:`SpilledTensors.batches`: the same rows, the same
 order, the same boundaries), so the loss and accuracy are bit for bit those of the test set
 in memory.
