@@ -191,3 +191,38 @@ def test_no_room_for_the_file_is_one_line_naming_the_key(monkeypatch, tmp_path):
     assert text.startswith("test set: its 0.0 MB (over run.test_memory_mb = 9.53674e-07) go ")
     assert f"in {tmp_path / 'gone'}, which failed: No such file or directory; set TMPDIR" in text
     assert "\n" not in text
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="Linux /proc")
+def test_a_killed_job_leaves_no_file_behind(tmp_path):
+    """SIGKILL from outside while the job runs with its test set on disk: the file was
+    unlinked from the start ($TMPDIR never lists it), and its space goes with the process."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    cmd = [sys.executable, "-m", "edgefl", "simulate", "--backend", "inline", "--devices", "4",
+           "--rounds", "100000", "--set", "run.test_memory_mb=0.001", "--set",
+           "output.progress=quiet", "--out", str(tmp_path / "run")]  # fmt: skip
+    p = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()
+        assert "kept in a temporary file in " + str(tmp) in line, line
+        held = []
+        for _ in range(100):  # (the coordinator's copy: the check's was handed over)
+            held = [os.readlink(f"/proc/{p.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{p.pid}/fd")]
+            held = [h for h in held if h.startswith(str(tmp)) and h.endswith("(deleted)")]
+            if held:
+                break
+            time.sleep(0.05)
+        assert len(held) == 2, held  # features and targets
+        assert list(tmp.iterdir()) == []
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+    assert p.returncode == -signal.SIGKILL
+    assert list(tmp.iterdir()) == []
