@@ -141,13 +141,6 @@ def _numpy(t: Any, what: str) -> np.ndarray:
         ) from None
 
 
-def batches_of(
-    dataset: Dataset, batch_size: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]] | None:
-    """:meth:`SpilledTensors.batches` of a spilled dataset; None for any other."""
-    return dataset.batches(batch_size) if isinstance(dataset, SpilledTensors) else None
-
-
 def spill_budget(cfg: dict) -> int:
     """``run.test_memory_mb`` in bytes (0: no limit)."""
     return int(cfg["run"]["test_memory_mb"] * (1 << 20))

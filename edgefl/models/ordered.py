@@ -16,8 +16,8 @@ import torch
 from torch.utils.data import Dataset
 
 from ..training.eager import optimizer_step
+from ..training.trainer import as_tensors
 from .per_example import PerExampleGrads
-from .train import as_tensors
 
 
 def ordered_epoch(

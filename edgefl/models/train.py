@@ -15,10 +15,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from edgefl.data.base import TASKS
-from edgefl.data.spill import batches_of
 from edgefl.errors import ConfigError
 from edgefl.training.losses import Loss, resolve_loss
-from edgefl.training.trainer import as_tensors
+from edgefl.training.trainer import ordered_batches
 
 
 def loss_fn(logits: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
@@ -68,14 +67,8 @@ def evaluate(
     count = 0
     predicted = 0
     try:
-        tensors = as_tensors(dataset)
-        spilled = batches_of(dataset, bs)  # (a test set on disk: the same batches)
-        if tensors is not None:
-            X, Y = tensors
-            batches: Iterator = ((X[i : i + bs], Y[i : i + bs]) for i in range(0, n, bs))
-        elif spilled is not None:
-            batches = spilled
-        else:
+        batches: Iterator | None = ordered_batches(dataset, bs)  # (in memory or on disk)
+        if batches is None:
             batches = iter(DataLoader(dataset, batch_size=bs, shuffle=False))
         for xb, yb in batches:
             xb = xb.to(device, non_blocking=True)

@@ -37,6 +37,7 @@ from ..comm import Kind, Transport, Validator
 from ..comm.loopback import Fabric, LoopbackTransport
 from ..config import load_config, with_values
 from ..errors import ConfigError, EdgeflError
+from ..preflight import checked_test_set
 from .placement import is_shard
 from .rundir import release_run_dir
 from .state import Task, build_task
@@ -229,8 +230,6 @@ def _run(cfg: dict, run_dir: Path, ranks: int, resume: dict | None) -> tuple[int
     virtual = cfg["sim"]["clock"] == "virtual"
     fabric = Bells(ranks, Turns() if virtual else None)  # (wall clock: every rank at once)
     tasks = [build_task(cfg, "cpu") for _ in range(ranks)]  # before any thread (see above)
-    from ..preflight import checked_test_set
-
     tasks[0].test_set = checked_test_set(cfg)  # (the one run_in_process's check built, if any)
     transports = [_transport(cfg, fabric, r, tasks[r]) for r in range(ranks)]
     statuses: list[int | None] = [None] * ranks

@@ -26,6 +26,24 @@ def as_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
     return None
 
 
+def ordered_batches(
+    dataset: Dataset, batch_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]] | None:
+    """``(x, y)`` batches of ``batch_size`` rows in order, without a DataLoader (which draws
+    a seed from torch's global random stream): slices of a TensorDataset (or Subset of one)
+    in memory, or the same batches read from a test set on disk
+    (:class:`edgefl.data.spill.SpilledTensors`); None for any other dataset."""
+    from ..data.spill import SpilledTensors
+
+    if isinstance(dataset, SpilledTensors):
+        return dataset.batches(batch_size)
+    tensors = as_tensors(dataset)
+    if tensors is None:
+        return None
+    X, Y = tensors
+    return ((X[i : i + batch_size], Y[i : i + batch_size]) for i in range(0, len(X), batch_size))
+
+
 def plan_steps(epochs: int, steps: int, batch_size: int, n: int) -> tuple[int, int]:
     """(batch size, optimizer steps) of a task on ``n`` examples: ``steps`` when above 0,
     else ``epochs`` passes; ``batch_size`` 0 or ``>= n`` is the full batch; (0, 0) when

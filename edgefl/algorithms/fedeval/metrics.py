@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from ...data.spill import batches_of
 from ...errors import ConfigError
-from ...models.train import as_tensors, evaluate
+from ...models.train import evaluate
 from ...specs import import_spec
+from ...training.trainer import ordered_batches
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # keys of a device result that are not metric names
@@ -62,17 +62,13 @@ def load_metrics(specs: Any, key: str = "evaluation.metrics") -> dict[str, Metri
 def _batches(dataset: Dataset, bs: int):
     """(inputs, targets) batches in order, without a DataLoader (which draws a seed from
     torch's global random stream)."""
-    n = len(dataset)  # type: ignore[arg-type]
-    tensors = as_tensors(dataset)
-    spilled = batches_of(dataset, bs)  # (a test set on disk: the same batches)
-    if tensors is None and spilled is not None:
-        yield from spilled
+    batches = ordered_batches(dataset, bs)  # (tensors in memory, or a test set on disk)
+    if batches is not None:
+        yield from batches
         return
+    n = len(dataset)  # type: ignore[arg-type]
     for i in range(0, n, bs):
-        if tensors is not None:
-            yield tensors[0][i : i + bs], tensors[1][i : i + bs]
-        else:
-            yield default_collate([dataset[j] for j in range(i, min(i + bs, n))])
+        yield default_collate([dataset[j] for j in range(i, min(i + bs, n))])
 
 
 @torch.no_grad()
