@@ -153,20 +153,53 @@ def test_chains_are_recognised_and_everything_else_is_not():
     assert chain_inputs(torch.zeros(2, 3, 4, 5, dtype=torch.uint8), True).shape == (2, 3, 20)
 
 
-def test_a_devices_result_is_bit_for_bit_the_same_in_any_stack():
-    """The same device alone, with others and in a bigger stack, padded or not."""
+@pytest.mark.parametrize("opaque", [False, True])
+def test_a_devices_result_is_bit_for_bit_the_same_in_any_stack(opaque):
+    """The same device alone, with others and in a bigger stack, padded or not: the same
+    parameters and the same mean loss, bit for bit, on the written-out path and on the
+    autograd path (so a model does not depend on the rank count or train.vectorize_mb)."""
     X, Y = _data(8)
     model = _mlp()
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    if opaque:
+        model, start = _Opaque(model), _prefixed(start)
     ce = nn.functional.cross_entropy
     counts = [29, 11, 17, 9, 29, 12, 20]
     for opts in (dict(steps=6, batch_size=0), dict(epochs=2, batch_size=4, momentum=0.9)):
-        full, _ = fit_stacked(model, start, X, Y, generators=_gens(), loss=ce, lr=0.1,
-                              counts=None if opts["batch_size"] == 0 else counts,
-                              **opts)  # fmt: skip
+        sizes = (
+            (lambda sub: None)
+            if opts["batch_size"] == 0
+            else (lambda sub: [counts[i] for i in sub])
+        )
+        full, full_loss = fit_stacked(model, start, X, Y, generators=_gens(), loss=ce, lr=0.1,
+                                      counts=sizes(range(K)), **opts)  # fmt: skip
         for sub in ([2], [2, 6], [0, 2, 3, 4]):
             gens = [_gens()[i] for i in sub]
-            part, _ = fit_stacked(model, start, X[sub], Y[sub], generators=gens, loss=ce,
-                                  lr=0.1, counts=None if opts["batch_size"] == 0 else
-                                  [counts[i] for i in sub], **opts)  # fmt: skip
-            assert all(torch.equal(full[n][2], part[n][sub.index(2)]) for n in start), sub
+            part, loss = fit_stacked(model, start, X[sub], Y[sub], generators=gens, loss=ce,
+                                     lr=0.1, counts=sizes(sub), **opts)  # fmt: skip
+            at = sub.index(2)
+            assert all(torch.equal(full[n][2], part[n][at]) for n in start), sub
+            assert torch.equal(full_loss[2], loss[at]), sub
+
+
+def test_a_large_stack_trains_in_parts_that_fit_the_caches_with_the_same_result(monkeypatch):
+    """stack_part: a stack larger than one step's cache budget trains part by part; every
+    device's parameters and loss are those of the stack trained at once."""
+    from edgefl.training import stacked_affine
+
+    X, Y = _data(9)
+    model = _mlp()
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    chain = affine_chain(model)[0]
+    assert stacked_affine.stack_part(chain, shapes, 4, D) >= K  # (7 devices: one part)
+    counts = [29, 11, 17, 9, 29, 12, 20]
+    opts = dict(loss=nn.functional.cross_entropy, lr=0.1, epochs=2, batch_size=4,
+                momentum=0.9, counts=counts, prox_mu=0.1)  # fmt: skip
+    whole, whole_loss = fit_stacked(model, start, X, Y, generators=_gens(), **opts)
+    per_device = 4 * (2 * D + 4 * (9 + 5 + C)) + 3 * 137  # (batch, activations, parameters)
+    monkeypatch.setattr(stacked_affine, "STEP_FLOATS", 2 * per_device)
+    assert stacked_affine.stack_part(chain, shapes, 4, D) == 2  # (parts of 2, 2, 2, 1)
+    parts, parts_loss = fit_stacked(model, start, X, Y, generators=_gens(), **opts)
+    assert all(torch.equal(whole[n], parts[n]) for n in start)
+    assert torch.equal(whole_loss, parts_loss)

@@ -289,11 +289,30 @@ def fit_stacked(
 
     affine = None  # (a chain of Linear and ReLU with the cross-entropy: gradients written out)
     if not floats and masks_supported(loss) and Y.dim() == 2 and not Y.is_floating_point():
-        from .stacked_affine import affine_chain, chain_grad, chain_inputs
+        from .stacked_affine import affine_chain, chain_grad, chain_inputs, stack_part
 
         found = affine_chain(model)
         inputs = None if found is None else chain_inputs(X, found[1])
         if inputs is not None:
+            part = stack_part(found[0], shapes, bs, int(inputs.shape[2]))
+            if k > part:  # (in parts whose steps fit the caches: the same result per device)
+                outs = [
+                    fit_stacked(
+                        model, {name: v[lo : lo + part] for name, v in start.items()} if own
+                        else start, X[lo : lo + part], Y[lo : lo + part],
+                        generators=generators[lo : lo + part], loss=loss, lr=lr, epochs=epochs,
+                        steps=steps, batch_size=batch_size, momentum=momentum,
+                        weight_decay=weight_decay, prox_mu=prox_mu,
+                        corrections=None if corrections is None
+                        else {name: c[lo : lo + part] for name, c in corrections.items()},
+                        counts=None if counts is None else counts[lo : lo + part],
+                    )
+                    for lo in range(0, k, part)
+                ]  # fmt: skip
+                return (
+                    {name: torch.cat([got[name] for got, _ in outs]) for name in outs[0][0]},
+                    torch.cat([losses for _, losses in outs]),
+                )
             affine, X = chain_grad(found[0]), inputs
     from ..models.per_example import functional_twin
 
@@ -324,7 +343,9 @@ def fit_stacked(
     try:
         params = stacked_start()
         moment: dict[str, torch.Tensor] | None = None  # (SGD's momentum buffers)
-        losses = []
+        # each device's loss summed step by step (an elementwise sum: the same whatever
+        # the stack's size, where a reduction over a (steps, devices) stack is not)
+        loss_sum = torch.zeros(k, device=X.device)
         rows = torch.arange(k).unsqueeze(1)
         if whole:  # (no draws: full batches visit the examples in order, as one by one)
             mask = torch.arange(n).unsqueeze(0) < torch.tensor(list(counts)).unsqueeze(1)
@@ -350,7 +371,7 @@ def fit_stacked(
                 g, value = affine(params, xt, yb, mb)
             else:
                 g, value = grad_and_loss(params, X if full else X[rows, idx], yb, mb)
-            losses.append(value)
+            loss_sum += value.detach() if act is None else value.detach() * act
             with torch.no_grad():
                 if prox_mu:
                     g = {name: g[name] + prox_mu * (params[name] - start[name]) for name in g}
@@ -378,9 +399,8 @@ def fit_stacked(
                            for name, v in new.items()}  # fmt: skip
                 params = new
         if counts is None:
-            return params, torch.stack(losses).mean(0)
-        stepped = active.to(torch.float32)
-        return params, (torch.stack(losses) * stepped).sum(0) / stepped.sum(0).clamp(min=1.0)
+            return params, loss_sum / len(plan)
+        return params, loss_sum / active.sum(0).clamp(min=1).to(loss_sum.dtype)
     finally:
         model.train(was_training)
 
