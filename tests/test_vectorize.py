@@ -284,6 +284,23 @@ GATED = ('algorithm.gate="hermes"', 'algorithm.consistency="asp"',
          "hermes.max_local_iterations=3")  # fmt: skip
 
 
+def test_padded_stacks_devices_of_any_sizes_with_zeros_after_their_own():
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(n, 2, 3, generator=g), torch.randint(0, 5, (n,), generator=g))
+            for n in (4, 1, 6, 0)]  # fmt: skip
+    for width in (0, 6, 9):
+        X, Y = stacking.padded(data, "cpu", width)
+        assert X.shape == (4, max(width, 6), 2, 3) and Y.shape == (4, max(width, 6))
+        assert X.dtype == torch.float32 and Y.dtype == torch.int64
+        for i, (x, y) in enumerate(data):
+            assert torch.equal(X[i, : len(x)], x) and torch.equal(Y[i, : len(y)], y)
+            assert not X[i, len(x) :].any() and not Y[i, len(y) :].any()
+    same = [(torch.randn(5, 3, generator=g), torch.arange(5)) for _ in range(3)]
+    X, Y = stacking.padded(same, "cpu", 5)
+    assert torch.equal(X, torch.stack([x for x, _ in same])) and Y.shape == (3, 5)
+    assert stacking.padded(same, "cpu", 7)[0].shape == (3, 7, 3)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("extra", [(), GATED], ids=["bsp", "hermes"])
 def test_over_mpiexec_auto_trains_the_inline_model(tmp_path, launcher, extra):

@@ -307,11 +307,14 @@ def padded(data: list, dev: str, width: int = 0):
     n, ...)``, ``n`` the largest size (at least ``width``), device ``i``'s own in the first
     ``len`` of row ``i``, zeros after (the stacked step masks them)."""
 
+    from torch.nn.utils.rnn import pad_sequence
+
     k, n = len(data), max(width, *(len(y) for _, y in data))
-    x0, y0 = data[0]
-    X = torch.zeros((k, n, *x0.shape[1:]), dtype=x0.dtype)
-    Y = torch.zeros((k, n, *y0.shape[1:]), dtype=y0.dtype)
-    for i, (x, y) in enumerate(data):
-        X[i, : len(x)] = x
-        Y[i, : len(y)] = y
+    xs, ys = [x for x, _ in data], [y for _, y in data]
+    if all(len(y) == n for y in ys):  # (one size, the stack's width: no padding)
+        return torch.stack(xs).to(dev), torch.stack(ys).to(dev)
+    X, Y = pad_sequence(xs, batch_first=True), pad_sequence(ys, batch_first=True)
+    if X.shape[1] < n:  # (wider than the largest: zeros after)
+        X = torch.cat([X, X.new_zeros((k, n - X.shape[1], *X.shape[2:]))], 1)
+        Y = torch.cat([Y, Y.new_zeros((k, n - Y.shape[1], *Y.shape[2:]))], 1)
     return X.to(dev), Y.to(dev)
