@@ -5,8 +5,9 @@ this process on one core, side by side.
 The job is the issue's FedAvg probe: logistic regression (or ``--model mlp``), ``--samples``
 examples per device, ``--steps`` full-batch SGD steps (``--batch`` for mini-batches), every
 device starting from one model. Printed: seconds per device of each path, their ratio,
-and the largest relative difference of the trained parameters. This measures the kernel
-alone; a job uses it with ``train.vectorize = "auto"`` (edgefl/runtime/stacking.py).
+and the largest relative difference of the trained parameters. ``--kernels`` picks the CPU
+kernels, ``portable`` (the default, as a job's ``run.kernels``) or ``native``. This measures
+the kernel alone; a job uses it with ``train.vectorize = "auto"`` (edgefl/runtime/stacking.py).
 """
 
 from __future__ import annotations
@@ -28,9 +29,22 @@ def add_args(p) -> None:
     p.add_argument("--model", choices=("logreg", "mlp"), default="logreg")
     p.add_argument("--chunk", type=int, default=500, help="devices per stacked call")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--kernels",
+        choices=("portable", "native"),
+        default="portable",
+        help="CPU kernels (edgefl's run.kernels, pinned here before torch runs): portable "
+        "(the default, as a job runs) or native (this CPU's fastest)",
+    )
 
 
 def main(args) -> int:
+    from .. import kernels
+
+    why = kernels.pin(args.kernels)  # (before torch runs a kernel here)
+    if why is not None:
+        print(f"edgefl bench {NAME}: {why}", file=sys.stderr)
+        return 2
     import torch
     from torch import nn
     from torch.utils.data import TensorDataset
