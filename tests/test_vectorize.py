@@ -51,6 +51,18 @@ def test_auto_trains_within_rounding_of_one_by_one_and_is_deterministic(tmp_path
     assert two.model_sha256 == auto.model_sha256
 
 
+def test_a_loss_weighted_model_does_not_depend_on_the_stacks(tmp_path):
+    """Loss-weighted aggregation reads each device's training loss: a stacked device's
+    mean loss, like its parameters, is the same in any stack (one device per stack, the
+    default budget, another rank count), so the model is too."""
+    agg = ('algorithm.aggregation="loss-weighted"', "fleet.devices=40")
+    auto = _run(tmp_path / "auto", 'train.vectorize="auto"', *agg)
+    tiny = _run(tmp_path / "tiny", 'train.vectorize="on"', "train.vectorize_mb=0.001", *agg)
+    two = _run(tmp_path / "two", 'train.vectorize="auto"', "fleet.ranks=2", *agg)
+    assert auto.summary["stacked_tasks"] == tiny.summary["stacked_tasks"] == 200
+    assert tiny.model_sha256 == auto.model_sha256 == two.model_sha256
+
+
 @pytest.mark.parametrize(
     "sets",
     [("fedprox.enabled=true", "fedprox.mu=0.5"), ("scaffold.enabled=true",)],
