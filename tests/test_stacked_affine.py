@@ -203,3 +203,37 @@ def test_a_large_stack_trains_in_parts_that_fit_the_caches_with_the_same_result(
     parts, parts_loss = fit_stacked(model, start, X, Y, generators=_gens(), **opts)
     assert all(torch.equal(whole[n], parts[n]) for n in start)
     assert torch.equal(whole_loss, parts_loss)
+
+
+@pytest.mark.parametrize("opaque", [False, True])
+def test_frozen_parameters_stay_as_the_sequential_trainer_leaves_them(opaque):
+    """A layer with requires_grad False: torch's SGD leaves it alone (no gradient, no weight
+    decay, no momentum); so does the stack, on both paths, and trains the rest as one by
+    one does. (A job refuses frozen parameters when it builds its model, FlatParams; this
+    is fit_stacked as a library function.)"""
+    from edgefl.training.client import FitContext
+    from edgefl.training.trainer import fit_loop
+
+    X, Y = _data(10)
+    model = _mlp()
+    model[0].weight.requires_grad_(False)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opts = dict(lr=0.1, epochs=1, steps=0, batch_size=6, momentum=0.9, weight_decay=1e-2)
+    net, names = (_Opaque(model), _prefixed(start)) if opaque else (model, start)
+    got, _ = fit_stacked(net, names, X, Y, generators=_gens(),
+                         loss=nn.functional.cross_entropy, **opts)  # fmt: skip
+    for d, g in enumerate(_gens()):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(start[n])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-2)
+        ctx = FitContext(d, 0, 0, g, "cpu", nn.functional.cross_entropy, None)
+        fit_loop(model, torch.utils.data.TensorDataset(X[d], Y[d]), epochs=1, steps=0,
+                 batch_size=6, generator=g, optimizer=opt, ctx=ctx)  # fmt: skip
+        for n, p in model.named_parameters():
+            mine = got[f"inner.{n}" if opaque else n][d]
+            if n == "0.weight":
+                assert torch.equal(mine, start[n])  # (frozen: untouched)
+            else:
+                assert not torch.equal(mine, start[n])
+                assert (mine - p).abs().max() <= 1e-5 * p.abs().max(), (d, n)

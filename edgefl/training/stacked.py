@@ -213,7 +213,8 @@ def fit_stacked(
         lr: the step size.
         epochs, steps, batch_size: as :func:`edgefl.training.trainer.fit_loop` (``steps >
             0``: exactly that many steps; ``batch_size`` 0 or ``>= n``: full batch).
-        momentum, weight_decay: SGD's, as ``torch.optim.SGD`` applies them.
+        momentum, weight_decay: SGD's, as ``torch.optim.SGD`` applies them (to the
+            parameters that require a gradient: a frozen one keeps its start value).
         prox_mu: FedProx's term: ``prox_mu * (w - start)`` added to every gradient (the
             gradient hook :func:`edgefl.algorithms.fedprox.proximal_hook` adds).
         corrections: SCAFFOLD's ``c - c_i`` per device (name -> ``(K, *shape)``), added to
@@ -277,6 +278,8 @@ def fit_stacked(
     if whole:  # (steps of a full batch: as many for every device, whatever its size)
         bs, total = n, plan_steps(epochs, steps, 0, max(counts))[1]
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    # (frozen parameters, requires_grad False: torch's SGD leaves them alone, so does a stack)
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     own = all(tuple(start[name].shape) == (k, *shapes[name]) for name in start)
 
     def stacked_start() -> dict[str, torch.Tensor]:
@@ -372,13 +375,15 @@ def fit_stacked(
             else:
                 g, value = grad_and_loss(params, X if full else X[rows, idx], yb, mb)
             loss_sum += value.detach() if act is None else value.detach() * act
+            if frozen:
+                g = {name: v for name, v in g.items() if name not in frozen}
             with torch.no_grad():
                 if prox_mu:
                     g = {name: g[name] + prox_mu * (params[name] - start[name]) for name in g}
                 if corrections is not None:
                     g = {name: g[name] + corrections[name] for name in g}
                 if weight_decay:
-                    g = {name: g[name] + weight_decay * params[name] for name in params}
+                    g = {name: g[name] + weight_decay * params[name] for name in g}
                 still = None if act is None or bool(act.all()) else ~act  # (devices done)
                 if momentum:
                     if moment is None:
@@ -393,7 +398,8 @@ def fit_stacked(
                                 _along(still, new_buf), moment[name], new_buf
                             )
                     g = moment
-                new = {name: torch.add(params[name], g[name], alpha=-lr) for name in params}
+                new = {name: torch.add(params[name], g[name], alpha=-lr) if name in g
+                       else params[name] for name in params}  # fmt: skip
                 if still is not None:
                     new = {name: torch.where(_along(still, v), params[name], v)
                            for name, v in new.items()}  # fmt: skip
