@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
+from conftest import start_launch
 
 IID = ["--set", "data.source=partition", "--set", 'data.args={scheme="iid"}']
 GDDR = ["--set", "algorithm.residual=gddr", "--set", "gddr.checkpoint_every=2"]
@@ -46,10 +46,13 @@ def test_rehosted_after_sigkill_from_outside_keeps_accuracy(tmp_path, clean):
     cmd = [sys.executable, "-m", "edgefl", "simulate", "--out", str(out), "--devices", "8",
            "--ranks", "5", "--rounds", "40", *IID, *GDDR, *QUIET,
            "--set", "debug.delay_s=0.03"]  # fmt: skip
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = start_launch(cmd, out / "ranks.json")  # (an Open MPI launch failure repeated)
     deadline = time.monotonic() + 240
     while True:
-        assert p.poll() is None and time.monotonic() < deadline, "run ended before the kill"
+        if p.poll() is not None:
+            o, e = p.communicate()
+            raise AssertionError(f"the run ended before the kill ({p.returncode}):\n{e[-3000:]}")
+        assert time.monotonic() < deadline, "the run never reached round 16"
         m = out / "metrics.jsonl"
         if (out / "ranks.json").exists() and m.exists() and len(m.read_text().splitlines()) >= 16:
             os.kill(json.loads((out / "ranks.json").read_text())["3"]["pid"], signal.SIGKILL)

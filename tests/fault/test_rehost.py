@@ -27,18 +27,20 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import start_launch
 
 MPI = pytest.mark.mpi
 TESTS = Path(__file__).parent.parent  # (tests/nan_client.py: the broken user client)
 
 
 def _start(out: Path, *sets: str, env: dict | None = None) -> subprocess.Popen:
+    """The run, started (its ranks.json written; an Open MPI launch failure repeated)."""
     cmd = [sys.executable, "-m", "edgefl", "simulate", "--out", str(out)]
     # 2 worker ranks (fleet.ranks = 3, not the machine's "auto"): the tests name victims 1-2
     for s in ("output.progress=quiet", "fleet.ranks=3", *sets):
         cmd += ["--set", s]
     e = {**os.environ, **(env or {})}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    return start_launch(cmd, out / "ranks.json", env=e)
 
 
 def _run(out: Path, *sets: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
@@ -66,7 +68,11 @@ def _signal_at(p: subprocess.Popen, out: Path, rank: int, at_round: int, sig: in
             pid = json.loads((out / "ranks.json").read_text())[str(rank)]["pid"]
             os.kill(pid, sig)
             return time.time()
-        assert p.poll() is None, "the run ended before the signal"
+        if p.poll() is not None:
+            o, e = p.communicate()
+            raise AssertionError(
+                f"the run ended before the signal ({p.returncode}):\n{(o + e)[-3000:]}"
+            )
         time.sleep(0.01)
     raise AssertionError("the run never reached the round")
 
