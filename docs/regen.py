@@ -51,7 +51,7 @@ DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
 LINKED = ("docs", "tests", "datasets", "launch")
 VENV_SHOWN = "/work/venv"
-# Open MPI sometimes fails to start at all on a busy box (see tests/conftest.py): run again
+# Open MPI's start-up failure on a stale session directory (tests/conftest.py): run again
 LAUNCH_FLAKE = "The PMIx server's listener thread failed to start"
 
 MARKER = re.compile(r"<!-- regen(?P<opts>[^\n]*?): (?P<cmd>.*?)-->", re.S)

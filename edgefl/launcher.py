@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -37,6 +38,12 @@ GRACE_S = 3.0  # after SIGTERM, seconds mpiexec and the ranks get before SIGKILL
 # after a stop signal, seconds the ranks get to end the run in order (rank 0 checkpoints and
 # stops the workers) before mpiexec is told to end them (edgefl.rankwrap.defer_stop)
 STOP_GRACE_S = 6.0
+# Open MPI 5 (PRRTE): where prterun makes its session directory, ompi.<its pid> (default
+# $TMPDIR or /tmp). A killed prterun leaves its directory and PMIx's rendezvous files in
+# it; a later prterun given the same pid then fails to start ("The PMIx server's listener
+# thread failed to start", exit status 213). Each launch gets a base of its own instead.
+SESSION_BASE_ENV = "PRTE_MCA_prte_tmpdir_base"
+SESSION_PREFIX = "edgefl-mpi-"  # + the launching pid + "-" + random: a launch's base
 
 
 @dataclass(frozen=True)
@@ -257,9 +264,12 @@ class Supervisor:
         # False while the ranks wait for the pre-launch check (GATE_ENV): nothing of the
         # run exists yet, so a stop signal raises KeyboardInterrupt here (see abandon)
         self.armed = armed
+        self.session_base: Path | None = None  # (Open MPI's, made for this launch)
 
     def start(self, cmd: list[str], **popen: object) -> subprocess.Popen:
-        """Start ``cmd`` (stdin from /dev/null, its own session); handlers installed."""
+        """Start ``cmd`` (stdin from /dev/null, its own session) with a session base of its
+        own (:func:`new_session_base`); handlers installed."""
+        self.session_base = new_session_base(self.env)
         if threading.current_thread() is threading.main_thread():
             for s in self.SIGNALS:
                 try:
@@ -272,6 +282,7 @@ class Supervisor:
             )
         except BaseException:
             self.restore()
+            self._drop_session()
             raise
         if self.signum:  # a signal came while it started
             self._interrupt()
@@ -339,6 +350,7 @@ class Supervisor:
             self.restore()
         if self.signum or code != 0:
             end_leftovers(self.env.get(LAUNCHER_ENV, ""))
+        self._drop_session()
         return code
 
     def abandon(self) -> None:
@@ -350,6 +362,13 @@ class Supervisor:
             self.proc.wait()
         self.restore()
         end_leftovers(self.env.get(LAUNCHER_ENV, ""), grace_s=0.0)
+        self._drop_session()
+
+    def _drop_session(self) -> None:
+        """Remove this launch's session base (the job is over, its ranks gone)."""
+        if self.session_base is not None:
+            shutil.rmtree(self.session_base, ignore_errors=True)
+            self.session_base = None
 
     def restore(self) -> None:
         """Put the previous signal handlers back."""
@@ -381,6 +400,35 @@ class Supervisor:
         if status != verdict and self.status_file.parent.is_dir():
             write_status(self.status_file, status)
         return status, line + f" (exit status {status})" if line else ""
+
+
+def new_session_base(env: dict[str, str]) -> Path | None:
+    """Give the launch whose environment is ``env`` a new, empty Open MPI session base
+    (:data:`SESSION_BASE_ENV`, in its ``TMPDIR``, else the temporary directory) and return
+    it; None when ``env`` already names one (the user's: kept as it is). Bases that
+    launchers which died (SIGKILL) left behind are removed first. Other MPIs ignore the
+    variable."""
+    if env.get(SESSION_BASE_ENV):
+        return None
+    tmp = Path(env.get("TMPDIR") or tempfile.gettempdir())
+    for old in tmp.glob(f"{SESSION_PREFIX}*-*"):
+        pid = old.name[len(SESSION_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    base = Path(tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-", dir=tmp))
+    env[SESSION_BASE_ENV] = str(base)
+    return base
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def end_leftovers(launch: str, grace_s: float = GRACE_S) -> list[int]:

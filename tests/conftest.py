@@ -78,9 +78,11 @@ def launcher():
     return found
 
 
-# Open MPI's launcher sometimes fails to start at all on this shared box (PRRTE cannot start
-# its PMIx listener; upstream reports the same intermittently, e.g. lfortran/lfortran#8610).
-# Nothing of edgefl ran then and the run directory holds no run, so the launch is repeated.
+# Open MPI's launcher fails to start at all ("The PMIx server's listener thread failed to
+# start", status 213) when a killed prterun of the same pid left its session directory in
+# $TMPDIR (docs/fault-tolerance.md, section 9). edgefl simulate gives each launch a base of
+# its own (tests/fault/test_session_dirs.py); a plain mpiexec run by a test can still meet
+# one. Nothing of edgefl ran then and the run directory holds no run: the launch is repeated.
 _LAUNCH_FLAKES = ("The PMIx server's listener thread failed to start",)
 
 
