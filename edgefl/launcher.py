@@ -21,6 +21,8 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -418,6 +420,18 @@ def new_session_base(env: dict[str, str]) -> Path | None:
     base = Path(tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-", dir=tmp))
     env[SESSION_BASE_ENV] = str(base)
     return base
+
+
+@contextmanager
+def own_session(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """``env`` with a session base of its own (:func:`new_session_base`) for a plain
+    ``subprocess.run`` of mpiexec (the benches' rank programs); the base is removed after."""
+    base = new_session_base(env)
+    try:
+        yield env
+    finally:
+        if base is not None:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

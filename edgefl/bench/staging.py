@@ -56,7 +56,7 @@ def check_device(device: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..launcher import child_env, find_mpiexec
+    from ..launcher import child_env, find_mpiexec, own_session
     from .common import header, table, write_json
 
     check_device(args.device)
@@ -73,7 +73,9 @@ def main(args: argparse.Namespace) -> int:
         prog = [sys.executable, "-m", "edgefl.bench.staging", str(out), json.dumps(cfg)]
         cmd = launcher.command(2, prog, ulfm=False)
         print(f"# mpi: {launcher.flavor} {launcher.version}: {' '.join(cmd)}", flush=True)
-        if subprocess.run(cmd, env=child_env(False)).returncode != 0:
+        with own_session(child_env(False)) as env:
+            failed = subprocess.run(cmd, env=env).returncode != 0
+        if failed:
             print("edgefl: error: staging benchmark ranks failed", file=sys.stderr)
             return 1
         rows = json.loads(out.read_text())

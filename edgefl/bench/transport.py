@@ -69,7 +69,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..launcher import child_env, find_mpiexec
+    from ..launcher import child_env, find_mpiexec, own_session
     from .common import header, table, write_json
 
     cfg = {"sizes": args.sizes, "trials": args.trials, "mbytes_per_trial": args.mbytes_per_trial}
@@ -83,7 +83,8 @@ def main(args: argparse.Namespace) -> int:
             ulfm=False,
         )
         print(f"# mpi: {launcher.flavor} {launcher.version}: {' '.join(cmd)}", flush=True)
-        proc = subprocess.run(cmd, env=child_env(False))
+        with own_session(child_env(False)) as env:
+            proc = subprocess.run(cmd, env=env)
         if proc.returncode != 0:
             print("edgefl: error: transport benchmark ranks failed", file=sys.stderr)
             return 1
