@@ -370,6 +370,7 @@ class Supervisor:
         """Remove this launch's session base (the job is over, its ranks gone)."""
         if self.session_base is not None:
             shutil.rmtree(self.session_base, ignore_errors=True)
+            self.env.pop(SESSION_BASE_ENV, None)  # (a later start makes a new one)
             self.session_base = None
 
     def restore(self) -> None:
@@ -432,6 +433,7 @@ def own_session(env: dict[str, str]) -> Iterator[dict[str, str]]:
     finally:
         if base is not None:
             shutil.rmtree(base, ignore_errors=True)
+            env.pop(SESSION_BASE_ENV, None)
 
 
 def _alive(pid: int) -> bool:

@@ -100,9 +100,10 @@ def _supervised(env: dict, tmp: Path) -> tuple[str, L.Supervisor]:
 def test_each_launch_has_its_own_session_base(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     env = {k: v for k, v in L.child_env(False).items() if k != L.SESSION_BASE_ENV}
-    first, _ = _supervised(dict(env), tmp_path)
+    first, sup = _supervised(dict(env), tmp_path)
     second, _ = _supervised(dict(env), tmp_path)
     assert first and second and first != second
+    assert L.SESSION_BASE_ENV not in sup.env  # (a later start of it makes a new one)
     assert Path(first).parent == tmp_path and Path(first).name.startswith("edgefl-mpi-")
     assert not Path(first).exists() and not Path(second).exists()
 
