@@ -368,10 +368,8 @@ class Supervisor:
 
     def _drop_session(self) -> None:
         """Remove this launch's session base (the job is over, its ranks gone)."""
-        if self.session_base is not None:
-            shutil.rmtree(self.session_base, ignore_errors=True)
-            self.env.pop(SESSION_BASE_ENV, None)  # (a later start makes a new one)
-            self.session_base = None
+        drop_session_base(self.env, self.session_base)
+        self.session_base = None
 
     def restore(self) -> None:
         """Put the previous signal handlers back."""
@@ -431,9 +429,15 @@ def own_session(env: dict[str, str]) -> Iterator[dict[str, str]]:
     try:
         yield env
     finally:
-        if base is not None:
-            shutil.rmtree(base, ignore_errors=True)
-            env.pop(SESSION_BASE_ENV, None)
+        drop_session_base(env, base)
+
+
+def drop_session_base(env: dict[str, str], base: Path | None) -> None:
+    """Remove ``base`` made by :func:`new_session_base` for ``env`` (None: nothing was made)
+    and its variable from ``env``, so that a later launch with it makes a new one."""
+    if base is not None:
+        shutil.rmtree(base, ignore_errors=True)
+        env.pop(SESSION_BASE_ENV, None)
 
 
 def _alive(pid: int) -> bool:

@@ -115,6 +115,34 @@ def start_launch(cmd: list[str], ready: Path, timeout: float = 240.0, **kw) -> s
     raise AssertionError("unreachable")
 
 
+def run_rows(out: Path) -> int:
+    """Metrics rows the run in ``out`` has written so far (0 before its metrics.jsonl)."""
+    try:
+        return sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if line)
+    except OSError:
+        return 0
+
+
+def when_rows(p: subprocess.Popen, out: Path, n: int, timeout: float = 240.0) -> dict[int, int]:
+    """Wait until the run ``p`` (started with :func:`start_launch`) has written ``n``
+    metrics rows into ``out``; its ranks' pids (rank -> pid, from ranks.json). A run that
+    ended first is an AssertionError with its output."""
+    import json
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (out / "ranks.json").exists() and run_rows(out) >= n:
+            ranks = json.loads((out / "ranks.json").read_text())
+            return {int(r): v["pid"] for r, v in ranks.items()}
+        if p.poll() is not None:
+            o, e = p.communicate()
+            raise AssertionError(
+                f"the run ended before round {n} (status {p.returncode}):\n{(o + e)[-3000:]}"
+            )
+        time.sleep(0.002)
+    raise AssertionError(f"the run never reached round {n}")
+
+
 def run_launch(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True, **kw)`` for a command that starts
     MPI ranks. A launch that Open MPI itself failed to start (see _LAUNCH_FLAKES) is

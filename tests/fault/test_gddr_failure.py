@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from conftest import start_launch
+from conftest import start_launch, when_rows
 
 IID = ["--set", "data.source=partition", "--set", 'data.args={scheme="iid"}']
 GDDR = ["--set", "algorithm.residual=gddr", "--set", "gddr.checkpoint_every=2"]
@@ -47,18 +47,8 @@ def test_rehosted_after_sigkill_from_outside_keeps_accuracy(tmp_path, clean):
            "--ranks", "5", "--rounds", "40", *IID, *GDDR, *QUIET,
            "--set", "debug.delay_s=0.03"]  # fmt: skip
     p = start_launch(cmd, out / "ranks.json")  # (an Open MPI launch failure repeated)
-    deadline = time.monotonic() + 240
-    while True:
-        if p.poll() is not None:
-            o, e = p.communicate()
-            raise AssertionError(f"the run ended before the kill ({p.returncode}):\n{e[-3000:]}")
-        assert time.monotonic() < deadline, "the run never reached round 16"
-        m = out / "metrics.jsonl"
-        if (out / "ranks.json").exists() and m.exists() and len(m.read_text().splitlines()) >= 16:
-            os.kill(json.loads((out / "ranks.json").read_text())["3"]["pid"], signal.SIGKILL)
-            killed = time.time()
-            break
-        time.sleep(0.01)
+    os.kill(when_rows(p, out, 16)[3], signal.SIGKILL)  # (the round-16 checkpoints exist)
+    killed = time.time()
     o, e = p.communicate(timeout=300)
     assert p.returncode == 0, o[-2000:] + e[-3000:]
     hit = json.loads((out / "summary.json").read_text())

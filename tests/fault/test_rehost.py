@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import start_launch
+from conftest import start_launch, when_rows
 
 MPI = pytest.mark.mpi
 TESTS = Path(__file__).parent.parent  # (tests/nan_client.py: the broken user client)
@@ -53,28 +53,10 @@ def _summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def _rows(out: Path) -> int:
-    try:
-        return sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if line)
-    except OSError:
-        return 0
-
-
 def _signal_at(p: subprocess.Popen, out: Path, rank: int, at_round: int, sig: int) -> float:
     """Send ``sig`` to worker ``rank`` once ``at_round`` rounds are done; its time.time()."""
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if (out / "ranks.json").exists() and _rows(out) >= at_round:
-            pid = json.loads((out / "ranks.json").read_text())[str(rank)]["pid"]
-            os.kill(pid, sig)
-            return time.time()
-        if p.poll() is not None:
-            o, e = p.communicate()
-            raise AssertionError(
-                f"the run ended before the signal ({p.returncode}):\n{(o + e)[-3000:]}"
-            )
-        time.sleep(0.01)
-    raise AssertionError("the run never reached the round")
+    os.kill(when_rows(p, out, at_round)[rank], sig)
+    return time.time()
 
 
 @pytest.fixture(scope="module")

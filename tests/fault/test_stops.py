@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_launch, start_launch
+from conftest import run_launch, start_launch, when_rows
 
 MPI = pytest.mark.mpi
 TESTS = Path(__file__).parent.parent  # (tests/hang_client.py)
@@ -55,26 +55,6 @@ def _run(out: Path, *sets: str, **env: str) -> tuple[int, str]:
 def _start(out: Path, *sets: str) -> subprocess.Popen:
     """The run, started (its ranks.json written; an Open MPI launch failure repeated)."""
     return start_launch(_cmd(out, sets), out / "ranks.json", env=_env())
-
-
-def _rows(out: Path) -> int:
-    try:
-        return sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if line)
-    except OSError:
-        return 0
-
-
-def _when_rows(p: subprocess.Popen, out: Path, n: int) -> dict:
-    """Wait until ``n`` metrics rows are written; the ranks' pids (ranks.json)."""
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if (out / "ranks.json").exists() and _rows(out) >= n:
-            return {
-                int(r): v["pid"] for r, v in json.loads((out / "ranks.json").read_text()).items()
-            }
-        assert p.poll() is None, "the run ended too soon"
-        time.sleep(0.002)
-    raise AssertionError("the run never got there")
 
 
 def _summary(out: Path) -> dict:
@@ -154,7 +134,7 @@ def test_a_diverged_run_checkpoints_and_says_where_to_resume(tmp_path, launcher)
 def test_on_failure_stop_leaves_a_checkpoint_to_resume(tmp_path, launcher):
     out = tmp_path / "run"
     p = _start(out, "fleet.on_failure=stop", "debug.delay_s=0.05")
-    os.kill(_when_rows(p, out, 5)[2], signal.SIGKILL)
+    os.kill(when_rows(p, out, 5)[2], signal.SIGKILL)
     o, e = p.communicate(timeout=120)
     assert p.returncode == 3, (o + e)[-3000:]
     s = _summary(out)
@@ -170,7 +150,7 @@ def test_on_failure_stop_leaves_a_checkpoint_to_resume(tmp_path, launcher):
 def test_sigint_checkpoints_and_the_resume_is_exact(tmp_path, launcher, clean):
     out = tmp_path / "run"
     p = _start(out, "debug.delay_s=0.05", "run.checkpoint_every=0")
-    _when_rows(p, out, 5)
+    when_rows(p, out, 5)
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
     o, e = p.communicate(timeout=60)
@@ -192,7 +172,7 @@ def test_sigint_checkpoints_and_the_resume_is_exact(tmp_path, launcher, clean):
 def test_every_worker_killed_says_so_once_and_checkpoints(tmp_path, launcher):
     out = tmp_path / "run"
     p = _start(out, "debug.delay_s=0.05")
-    pids = _when_rows(p, out, 5)
+    pids = when_rows(p, out, 5)
     for r in (1, 2):
         os.kill(pids[r], signal.SIGKILL)
     o, e = p.communicate(timeout=120)
@@ -214,7 +194,7 @@ def test_every_worker_killed_says_so_once_and_checkpoints(tmp_path, launcher):
 def test_a_rank_killed_at_the_very_end_is_recorded(tmp_path, launcher):
     out = tmp_path / "run"
     p = _start(out)
-    os.kill(_when_rows(p, out, 20)[2], signal.SIGKILL)  # as the last round is written
+    os.kill(when_rows(p, out, 20)[2], signal.SIGKILL)  # as the last round is written
     o, e = p.communicate(timeout=120)
     assert p.returncode == 0, (o + e)[-3000:]
     s = _summary(out)
