@@ -10,7 +10,8 @@ import os
 import signal
 
 import pytest
-from test_stops import _start, _summary, _when_rows
+from conftest import when_rows
+from test_stops import _start, _summary
 
 MPI = pytest.mark.mpi
 
@@ -21,7 +22,7 @@ def _killed(out, rows: int, rounds: int, *sets: str) -> dict:
     re-hosted on the workers left; its summary."""
     p = _start(out, "fleet.ranks=4", "fleet.devices=400", f"run.rounds={rounds}",
                "run.checkpoint_every=0", *sets)  # fmt: skip
-    pids = _when_rows(p, out, rows)
+    pids = when_rows(p, out, rows)
     os.kill(pids[2], signal.SIGKILL)
     o, e = p.communicate(timeout=240)
     assert p.returncode == 0, (o + e)[-3000:]
