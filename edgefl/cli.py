@@ -204,6 +204,10 @@ _quick_exit_armed = False
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from . import kernels
+
+    # before anything loads numpy (the config does): an in-process run's OpenBLAS pinned
+    kernels.pin_configured(args.config, _overrides(args))
     from .config.sources import simulation_config
     from .launching import (
         banner,
@@ -279,6 +283,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"'mpiexec -n 2 edgefl run {args.config}' (Open MPI: add --oversubscribe for "
             f"more ranks than cores; or let 'edgefl simulate {args.config}' launch it)"
         )
+    from . import kernels
+
+    kernels.pin_configured(args.config, args.overrides)  # (before numpy loads: its OpenBLAS)
     from .launcher import check_mpi4py
 
     _quick_exit()
@@ -388,7 +395,8 @@ def _compare_numerics(nodes: list) -> None:
     import torch
 
     torch.set_num_threads(int(saved.get("threads") or 1))
-    line = kernels.mismatch_line("it was written", saved, kernels.fingerprint())
+    here = kernels.as_launched(kernels.fingerprint())  # (what a resume's ranks compute with)
+    line = kernels.mismatch_line("it was written", saved, here)
     if line:
         print(f"edgefl: warning: resuming on this machine: {line}", file=sys.stderr, flush=True)
 
@@ -445,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
         format="edgefl %(levelname)s %(name)s: %(message)s",
     )
     words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["bench"]:  # (its modules load numpy: OpenBLAS pinned first)
+        from . import kernels
+
+        kernels.pin_blas(_flag(words, "--kernels") or "portable")
     parser = build_parser(words[0] if words and words[0] in LIGHT_COMMANDS else None)
     args = parser.parse_args(argv)
     try:
@@ -462,6 +474,16 @@ def main(argv: list[str] | None = None) -> int:
             raise  # some other pipe of the program broke: a bug, keep the traceback
         _silence_output()
         return 141
+
+
+def _flag(words: list[str], name: str) -> str | None:
+    """The value of option ``name`` in ``words`` (``--name V`` or ``--name=V``), else None."""
+    for i, w in enumerate(words):
+        if w == name and i + 1 < len(words):
+            return words[i + 1]
+        if w.startswith(f"{name}="):
+            return w.split("=", 1)[1]
+    return None
 
 
 def _output_gone() -> bool:

@@ -20,6 +20,10 @@ the arithmetic to what any x86-64 CPU with AVX2 has (Intel since 2013, AMD since
   ``COMPATIBLE`` costs matrix products 2-3x, measured: 512x512 sgemm 14.7 ms against 5.3
   ms on one core; the small models of a federated job spend little time there.)
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN (convolutions) never uses AVX-512 or AMX.
+- ``OPENBLAS_CORETYPE=Haswell``: numpy's OpenBLAS (the stacked step's matrix products,
+  edgefl/training/blas.py) runs its AVX2 + FMA kernels, the set it also picks on AMD Zen,
+  instead of its AVX-512 ones. It is read once, when numpy loads; set only where the CPU
+  has AVX2 and FMA (OpenBLAS does not check a forced set against the CPU).
 
 MKL's vector math (torch's ``sqrt``, ``exp``, ``log``, ``tanh``, ``erf`` ... of float
 tensors) follows MKL's code path, which CBWR does not make vendor-independent: ``vsSqrt``
@@ -28,8 +32,10 @@ training avoids it where it mattered (Adam/AdamW use torch's fused kernel,
 edgefl/training/optim.py); docs/reproducibility.md lists the functions.
 
 Thread counts are part of the arithmetic too (parallel reductions split by thread): every
-rank runs ``fleet.threads`` intra-op threads (default 1). numpy's own SIMD and OpenBLAS
-dispatch were measured not to change any golden model and are left alone.
+rank runs ``fleet.threads`` intra-op threads (default 1). numpy's own SIMD was measured not
+to change any golden model and is left alone; the sequential path runs no BLAS call of
+numpy's, so ``OPENBLAS_CORETYPE`` changes no golden model either (checked), only the
+stacked path's products.
 
 ``native`` leaves the environment as it is: the fastest kernels of each CPU.
 
@@ -55,7 +61,9 @@ PORTABLE_ENV_X86 = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "MKL_CBWR": "COMPATIBLE",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "OPENBLAS_CORETYPE": "Haswell",  # (only on a CPU with AVX2 and FMA: portable_env)
 }
+OPENBLAS_CORE = PORTABLE_ENV_X86["OPENBLAS_CORETYPE"]
 # MKL's code paths (mkl_cbwr.h): what mkl_cbwr_get / mkl_cbwr_get_auto_branch return
 _MKL_BRANCHES = {
     1: "OFF",
@@ -73,13 +81,22 @@ _MKL_BRANCHES = {
     14: "AVX512_E1",
 }
 # what must agree between two fingerprints for the same arithmetic
-COMPARED = ("torch", "cpu_capability", "mkl_path", "onednn_max_isa", "threads", "probe")
+COMPARED = ("torch", "cpu_capability", "mkl_path", "onednn_max_isa", "blas", "threads", "probe")
 
 
 def portable_env(machine: str | None = None) -> dict[str, str]:
-    """The environment portable mode sets on this (or ``machine``'s) architecture."""
+    """The environment portable mode sets on this (or ``machine``'s) architecture.
+
+    ``OPENBLAS_CORETYPE`` only where this CPU has AVX2 and FMA: OpenBLAS would run its
+    Haswell kernels on a CPU without them (illegal instructions), where it now picks its
+    own (and :func:`not_in_effect` says that portable kernels need AVX2)."""
     m = (machine or platform.machine()).lower()
-    return dict(PORTABLE_ENV_X86) if m in _X86 else {}
+    if m not in _X86:
+        return {}
+    env = dict(PORTABLE_ENV_X86)
+    if machine is None and not (_has_avx2() and _cpu_has("fma")):
+        del env["OPENBLAS_CORETYPE"]
+    return env
 
 
 def rank_env(mode: str, env: dict[str, str]) -> dict[str, str]:
@@ -103,26 +120,94 @@ def pin(mode: str) -> str | None:
     return not_in_effect(mode)
 
 
-def not_in_effect(mode: str) -> str | None:
-    """None if this process computes with ``mode``'s kernels (or torch is not loaded yet,
-    so it will), else one line naming what differs."""
-    if mode != "portable" or "torch" not in sys.modules or not portable_env():
+def configured_mode(
+    path: str | None = None, overrides: list[str] | tuple = (), doc: dict | None = None
+) -> str:
+    """``run.kernels`` as the config will say, read before the config is loaded (loading it
+    imports numpy, and numpy's OpenBLAS picks its kernels once, as it loads): the last
+    ``--set run.kernels=...`` of ``overrides``, else ``doc``'s, else the file's (or
+    recipe's) ``[run] kernels``, else ``portable``. A file or value it cannot read gives
+    ``portable``: loading the config names the problem afterwards."""
+    mode: Any = "portable"
+    try:
+        if path is not None:
+            from . import recipes
+
+            p = recipes.path(path) if recipes.is_recipe(path) else path
+            with open(p, "rb") as f:
+                mode = _toml().load(f).get("run", {}).get("kernels", mode)
+        if doc is not None:
+            mode = doc.get("run", {}).get("kernels", mode)
+        for text in overrides:
+            key, _, raw = text.partition("=")
+            if key.strip() == "run.kernels":
+                mode = raw.strip().strip("'\"")
+    except Exception:  # noqa: BLE001 - (load_config reports it)
+        return "portable"
+    return mode if mode in MODES else "portable"
+
+
+def pin_configured(
+    path: str | None = None, overrides: list[str] | tuple = (), doc: dict | None = None
+) -> None:
+    """:func:`pin` the :func:`configured_mode`, first thing in a command that loads a
+    config and trains in this process, so that numpy's OpenBLAS loads pinned too. (The
+    command pins the loaded config's mode again; nothing here reads torch.)"""
+    os.environ.update(rank_env(configured_mode(path, overrides, doc), {}))
+
+
+def pin_blas(mode: str) -> None:
+    """Only numpy's OpenBLAS of :func:`pin` (``OPENBLAS_CORETYPE``, portable mode): for a
+    command that must pin it before numpy loads but leaves torch's kernels to a later
+    :func:`pin` or to the processes it starts (``edgefl bench``: a plain loop measured in
+    this process keeps the kernels it is told to use)."""
+    core = portable_env().get("OPENBLAS_CORETYPE")
+    if mode == "portable" and core is not None:
+        os.environ["OPENBLAS_CORETYPE"] = core
+
+
+def _toml() -> Any:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib
+
+
+def not_in_effect(mode: str, stacked: bool = True) -> str | None:
+    """None if this process computes with ``mode``'s kernels (or torch and numpy are not
+    loaded yet, so they will), else one line naming what differs. ``stacked``: the job
+    may train stacked (``train.vectorize`` not ``off``), the one part that numpy's
+    OpenBLAS computes; False leaves it out."""
+    if mode != "portable" or not portable_env():
         return None
-    found = _capability()
-    want = portable_env()["ATEN_CPU_CAPABILITY"].upper()
-    mkl = _mkl_path()
-    if (found not in (want, None) or mkl not in (None, portable_env()["MKL_CBWR"])) and _has_avx2():
+    if "torch" in sys.modules:
+        found = _capability()
+        want = portable_env()["ATEN_CPU_CAPABILITY"].upper()
+        mkl = _mkl_path()
+        if (
+            found not in (want, None) or mkl not in (None, portable_env()["MKL_CBWR"])
+        ) and _has_avx2():
+            return (
+                f"portable kernels asked for, but torch already runs {found} kernels "
+                f"(MKL path {mkl}) in this process (it chose them before edgefl could pin "
+                "them: import and run edgefl before any torch computation, or set "
+                "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE before Python starts); this "
+                "run's model may differ from other machines'"
+            )
+        if not _has_avx2():
+            return (
+                "portable kernels need a CPU with AVX2 and this one has none: torch runs its "
+                "generic kernels, whose rounding differs from an AVX2 machine's"
+            )
+    core = _openblas_core() if stacked and "OPENBLAS_CORETYPE" in portable_env() else None
+    if core is not None and core.lower() != OPENBLAS_CORE.lower():
         return (
-            f"portable kernels asked for, but torch already runs {found} kernels "
-            f"(MKL path {mkl}) in this "
-            "process (it chose them before edgefl could pin them: import and run edgefl "
-            f"before any torch computation, or set ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE "
-            "before Python starts); this run's model may differ from other machines'"
-        )
-    if not _has_avx2():
-        return (
-            "portable kernels need a CPU with AVX2 and this one has none: torch runs its "
-            "generic kernels, whose rounding differs from an AVX2 machine's"
+            f"portable kernels asked for, but numpy's OpenBLAS already runs its {core} "
+            "kernels in this process (numpy was imported before edgefl could pin them: "
+            "import edgefl before numpy, or set OPENBLAS_CORETYPE=Haswell before Python "
+            "starts); this run's stacked training (train.vectorize) may differ from other "
+            "machines'"
         )
     return None
 
@@ -137,14 +222,51 @@ def _capability() -> str | None:
 
 
 def _has_avx2() -> bool:
+    return _cpu_has("avx2")
+
+
+def _cpu_has(flag: str) -> bool:
+    """Does /proc/cpuinfo list ``flag`` (True where there is no /proc: a current CPU)?"""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return " avx2" in line
+                    return flag in line.partition(":")[2].split()
     except OSError:
         pass
-    return True  # (no /proc: assume a current CPU)
+    return True
+
+
+def _numpy_blas() -> dict | None:
+    """threadpoolctl's record of the BLAS numpy loaded (None before numpy is imported)."""
+    if "numpy" not in sys.modules:
+        return None
+    from threadpoolctl import threadpool_info
+
+    libs = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    # (numpy's wheels vendor their OpenBLAS in numpy.libs/; scipy's has its own copy)
+    mine = [i for i in libs if f"{os.sep}numpy" in i.get("filepath", "")]
+    return (mine or libs or [None])[0]
+
+
+def _openblas_core() -> str | None:
+    """The kernel set of numpy's OpenBLAS in this process (``Haswell``, ``SkylakeX``, ...),
+    None when numpy is not loaded yet or its BLAS is not OpenBLAS."""
+    info = _numpy_blas()
+    if info is None or info.get("internal_api") != "openblas":
+        return None
+    return info.get("architecture")
+
+
+def _blas() -> str:
+    """numpy's BLAS, its version and kernel set: ``openblas 0.3.31 Haswell``."""
+    import numpy  # noqa: F401 - (loads the BLAS)
+
+    info = _numpy_blas()
+    if info is None:
+        return "unknown"
+    parts = (info.get("internal_api"), info.get("version"), info.get("architecture"))
+    return " ".join(str(p) for p in parts if p)
 
 
 def _mkl_path() -> str | None:
@@ -205,8 +327,9 @@ def probe() -> str:
 
 def fingerprint(mode: str | None = None) -> dict[str, Any]:
     """Where this process's numbers come from: kernels mode, torch version, CPU capability
-    in use, MKL code path, oneDNN cap, intra-op threads, platform, CPU, numpy, and the
-    :func:`probe`. Loads torch."""
+    in use, MKL code path, oneDNN cap, numpy's BLAS (its kernel set: the stacked step's
+    products), intra-op threads, platform, CPU, numpy, and the :func:`probe`. Loads torch
+    and numpy."""
     import numpy
     import torch
 
@@ -216,6 +339,7 @@ def fingerprint(mode: str | None = None) -> dict[str, Any]:
         "cpu_capability": _capability(),
         "mkl_path": _mkl_path(),
         "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+        "blas": _blas(),
         "threads": torch.get_num_threads(),
         "platform": f"{platform.system()} {platform.machine()}",
         "cpu": _cpu_model(),
@@ -224,12 +348,26 @@ def fingerprint(mode: str | None = None) -> dict[str, Any]:
     }
 
 
+def as_launched(fp: dict[str, Any]) -> dict[str, Any]:
+    """Fingerprint ``fp`` of this process as a process started from here in ``fp``'s
+    kernels mode reports it: there numpy's OpenBLAS loads pinned, here it may have loaded
+    before the pin (``edgefl inspect`` reads the checkpoint, and so numpy, before it knows
+    the mode)."""
+    core = portable_env().get("OPENBLAS_CORETYPE")
+    blas = str(fp.get("blas", ""))
+    if fp.get("kernels") == "portable" and core and blas.startswith("openblas "):
+        return {**fp, "blas": f"{blas.rsplit(' ', 1)[0]} {core}"}
+    return fp
+
+
 def differences(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
     """The :data:`COMPARED` fields in which fingerprints ``a`` and ``b`` differ, as
-    ``field a -> b`` texts; [] when either is missing (nothing to compare)."""
+    ``field a -> b`` texts; [] when either is missing (nothing to compare). A field only
+    one of them has (a fingerprint written before edgefl recorded it) is not compared."""
     if not a or not b:
         return []
-    return [f"{k} {a.get(k)} -> {b.get(k)}" for k in COMPARED if a.get(k) != b.get(k)]
+    return [f"{k} {a.get(k)} -> {b.get(k)}" for k in COMPARED
+            if k in a and k in b and a[k] != b[k]]  # fmt: skip
 
 
 def mismatch_line(what: str, a: dict[str, Any] | None, b: dict[str, Any] | None) -> str | None:

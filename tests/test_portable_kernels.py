@@ -51,7 +51,7 @@ def machine_env(**extra: str) -> dict[str, str]:
 
 def in_env(mode: str, env: dict[str, str], *names: str) -> dict:
     proc = subprocess.run(
-        [sys.executable, str(HERE / "golden" / "in_env.py"), mode, *names],
+        [sys.executable, str(HERE / "golden" / "in_env.py"), *mode.split(), *names],
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -66,7 +66,12 @@ def mismatches(got: dict) -> dict:
     }
 
 
-BIG = ("default_job", "cnn_digits", "mlp_digits")  # the configs native kernels change
+# the configs native kernels change (the sequential path's and the stacked path's)
+BIG = ("default_job", "cnn_digits", "mlp_digits", "default_job_vectorized",
+       "mlp_digits_vectorized")  # fmt: skip
+STACKED = ("default_job_vectorized", "mlp_digits_vectorized")
+# numpy's OpenBLAS is pinned too (the stacked path's products) where the CPU has AVX2 + FMA
+OPENBLAS = "OPENBLAS_CORETYPE" in kernels.portable_env()
 
 
 @pytest.mark.skipif(not X86, reason="portable mode pins x86-64 kernels only")
@@ -83,9 +88,12 @@ def test_the_golden_set_is_the_same_under_either_capability(capability, names):
     whose models native kernels change (the test below), since the whole set also runs in
     this pytest process, pinned the same way (tests/test_golden_models.py)."""
     env = machine_env(ATEN_CPU_CAPABILITY=capability, MKL_CBWR="AUTO")
+    if capability == "avx512":  # (and OpenBLAS's AVX-512 kernels, where there are any)
+        env["OPENBLAS_CORETYPE"] = "SkylakeX" if AVX512 else "Haswell"
     got = in_env("portable", env, *names)
     fp = got["fingerprint"]
     assert (fp["cpu_capability"], fp["mkl_path"]) == ("AVX2", "COMPATIBLE"), fp
+    assert fp["blas"].endswith(" Haswell") or not OPENBLAS, fp
     assert sorted(got["models"]) == sorted(names) if names else len(got["models"]) >= 40
     assert mismatches(got) == {}
 
@@ -96,7 +104,20 @@ def test_native_kernels_of_an_avx512_machine_train_another_model():
     models for the configs big enough to use vectorised kernels."""
     got = in_env("native", machine_env(), *BIG)
     assert got["fingerprint"]["cpu_capability"].startswith("AVX512"), got["fingerprint"]
-    assert set(mismatches(got)) == {"default_job", "cnn_digits", "mlp_digits"}
+    assert set(mismatches(got)) == set(BIG)
+
+
+@pytest.mark.skipif(not (AVX512 and OPENBLAS), reason="needs OpenBLAS kernels other than AVX2")
+def test_the_stacked_path_needs_numpys_openblas_pinned_too():
+    """The stacked configs' products run in numpy's OpenBLAS: a process that loaded numpy
+    before pinning (its OpenBLAS on this machine's AVX-512 kernels, torch and MKL pinned)
+    trains other stacked models, and the pin says so in one line; the sequential path's
+    model is the recorded one there."""
+    env = machine_env(OPENBLAS_CORETYPE="SkylakeX")
+    got = in_env("--numpy-first portable", env, *STACKED, "mlp_digits")
+    assert got["fingerprint"]["blas"].endswith(" SkylakeX"), got["fingerprint"]
+    assert "numpy's OpenBLAS already runs its SkylakeX kernels" in got["not_in_effect"]
+    assert set(mismatches(got)) == set(STACKED)
 
 
 @pytest.mark.mpi
@@ -115,6 +136,50 @@ def test_edgefl_simulate_pins_every_rank(name, launcher, tmp_path):
     assert summary["numerics"]["cpu_capability"] == "AVX2"
     assert summary["numerics"]["kernels"] == "portable"
     assert summary["numerics_differ"] == {}
+
+
+@pytest.mark.skipif(not OPENBLAS, reason="numpy's OpenBLAS is pinned on AVX2 + FMA CPUs only")
+def test_edgefl_simulate_in_process_pins_numpys_openblas_before_the_config_loads(tmp_path):
+    """The real CLI with the in-process backend: loading the config imports numpy, so the
+    CLI pins the configured kernels first; the stacked job trains the recorded model (on
+    an AVX-512 machine OpenBLAS would otherwise pick its AVX-512 kernels: the test above),
+    with no warning."""
+    entry = MODELS["default_job_vectorized"]
+    out = tmp_path / "run"
+    env = machine_env(OPENBLAS_CORETYPE="SkylakeX" if AVX512 else "Haswell")
+    argv = [*simulate_argv(entry["set"], out), "--backend", "inline"]
+    proc = run_edgefl(*argv, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "warning" not in proc.stderr, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["numerics"]["blas"].endswith(" Haswell"), summary["numerics"]
+    assert summary["model_sha256"] == entry["model_sha256"]
+
+
+def test_the_configured_mode_is_read_before_the_config_loads(tmp_path):
+    """kernels.configured_mode: --set wins over the given table, which wins over the file
+    (or recipe); anything it cannot read is portable (loading the config reports it)."""
+    native = tmp_path / "native.toml"
+    native.write_text('[run]\nkernels = "native"\n')
+    assert kernels.configured_mode() == "portable"
+    assert kernels.configured_mode(str(native)) == "native"
+    assert kernels.configured_mode(str(native), ['run.kernels="portable"']) == "portable"
+    assert kernels.configured_mode(None, ["run.kernels = 'native'"]) == "native"
+    assert kernels.configured_mode(None, [], {"run": {"kernels": "native"}}) == "native"
+    assert kernels.configured_mode("recipe:digits-cnn-iid") == "portable"
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\n")
+    for path, sets in ((bad, []), (tmp_path / "missing.toml", []), (None, ["run.kernels=x"])):
+        assert kernels.configured_mode(str(path) if path else None, sets) == "portable"
+
+
+def test_an_old_fingerprint_without_a_field_is_compared_on_the_others():
+    """Checkpoints written before the fingerprint recorded numpy's BLAS resume without a
+    warning about it, and still name a field both have that differs."""
+    new = {k: "x" for k in kernels.COMPARED}
+    old = {k: v for k, v in new.items() if k != "blas"}
+    assert kernels.differences(old, new) == []
+    assert kernels.differences(old, dict(new, probe="y")) == ["probe x -> y"]
 
 
 def test_pin_refuses_an_unknown_mode():

@@ -71,7 +71,8 @@ def run_inline(run_dir: Path, ranks: int, resume: dict | None = None) -> tuple[i
         cfg = with_values(cfg, {"sim.clock": "wall"})
     from ..kernels import not_in_effect
 
-    kernels_line = not_in_effect(cfg["run"]["kernels"])  # (torch ran before edgefl pinned it)
+    # (torch ran, or numpy loaded, before edgefl pinned them)
+    kernels_line = not_in_effect(cfg["run"]["kernels"], cfg["train"]["vectorize"] != "off")
     if kernels_line:
         print(f"edgefl: warning: {kernels_line}", file=sys.stderr, flush=True)
     from ..training.eager import defer_dynamo

@@ -98,6 +98,13 @@ CONFIGS: dict[str, list[str]] = {
     # (AVX-512 vs AVX2) unless run.kernels = "portable" (the default; docs/reproducibility.md)
     "mlp_digits": job(FLEET, DIGITS, "fleet.devices=6", "run.rounds=3"),
     "cnn_digits": job(FLEET, DIGITS, "fleet.devices=6", "run.rounds=3", "model.name=cnn"),
+    # the stacked path (train.vectorize): each worker trains its devices as one stack, the
+    # written-out step's matrix products through numpy's OpenBLAS, which portable kernels
+    # pin as well (edgefl/training/blas.py); the sequential path's hashes are those above
+    "default_job_vectorized": job(PINNED, "run.rounds=5", "train.vectorize=on"),
+    "mlp_digits_vectorized": job(
+        FLEET, DIGITS, "fleet.devices=6", "run.rounds=3", "train.vectorize=on"
+    ),
     # -- bring your own training --------------------------------------------------------
     "adam_cosine": job(
         SMALL,
