@@ -302,6 +302,38 @@ def test_a_padded_devices_result_does_not_depend_on_its_stack_or_its_padding():
         assert all(torch.equal(full[n][1], part[n][sub.index(1)]) for n in start), sub
 
 
+@pytest.mark.parametrize("kind", ["logreg", "mlp", "opaque"])
+def test_a_stack_longest_first_trains_only_its_devices_still_going_bit_for_bit(kind):
+    """Devices stacked by their steps, most first (the worker's order), are a prefix of
+    the stack at every step: only they compute (views of the stack's first rows, updated
+    in place). Each device's result, with momentum, weight decay, FedProx's and
+    SCAFFOLD's terms, is bit for bit the one of the stack in any other order, where every
+    device computes and the devices done are masked."""
+    from edgefl.runtime.stacking import longest_first
+
+    X, Y = _data(7)
+    model = _model("logreg" if kind == "logreg" else "mlp")
+    if kind == "opaque":  # (a forward the written-out step does not know: autograd's path)
+        model = nn.Sequential(nn.Sequential(*model))
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    corr = {n: 0.01 * torch.randn(K, *p.shape, generator=torch.Generator().manual_seed(2))
+            for n, p in start.items()}  # fmt: skip
+    opts = dict(loss=nn.functional.cross_entropy, lr=0.1, epochs=2, batch_size=4, momentum=0.5,
+                weight_decay=1e-3, prox_mu=0.1)  # fmt: skip
+    order = longest_first(COUNTS, 2, 0, 4)
+    assert order != sorted(order)  # (the test's counts are not in that order already)
+    ref, ref_loss = fit_stacked(model, start, X, Y, generators=_gens(), counts=COUNTS,
+                                corrections=corr, **opts)  # fmt: skip
+    got, loss = fit_stacked(
+        model, start, X[order], Y[order], generators=[_gens()[i] for i in order],
+        counts=[COUNTS[i] for i in order], corrections={n: c[order] for n, c in corr.items()},
+        **opts,
+    )  # fmt: skip
+    for j, i in enumerate(order):
+        assert all(torch.equal(got[n][j], ref[n][i]) for n in start), (i, j)
+        assert torch.equal(loss[j], ref_loss[i])
+
+
 def test_counts_need_mini_batches_and_the_cross_entropy():
     X, Y = _data(0)
     model = _model("logreg")

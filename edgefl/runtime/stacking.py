@@ -302,6 +302,18 @@ def stacked_deltas(got: dict, names: list[str], flat, start: np.ndarray) -> np.n
     return out
 
 
+def longest_first(counts: list[int], epochs: int, steps: int, batch_size: int) -> list[int]:
+    """The order to stack devices of ``counts`` examples that train in mini-batches: those
+    with the most optimizer steps first (ties in their order), so that the devices still
+    training are the stack's first ones at every step, the only ones
+    :func:`edgefl.training.stacked.fit_stacked` then computes. (A device's result does not
+    depend on its place in the stack.)"""
+    from ..training.trainer import plan_steps
+
+    totals = [plan_steps(epochs, steps, batch_size, c)[1] for c in counts]
+    return sorted(range(len(counts)), key=lambda i: -totals[i])
+
+
 def padded(data: list, dev: str, width: int = 0):
     """The examples of devices of different sizes as one stack: ``(X, Y)`` of shapes ``(K,
     n, ...)``, ``n`` the largest size (at least ``width``), device ``i``'s own in the first

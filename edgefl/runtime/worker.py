@@ -612,6 +612,24 @@ class Worker:
         # its sizes), even one of equal sizes: a device's arithmetic is then its own
         ragged = masks_supported(self.loss) and (0 < bs < min(counts) or not 0 < bs < max(counts))
         ragged = ragged and not flat_bufs
+        gens = [j.fit_ctx.generator for j in jobs]
+        mu, corr = stacking.gradient_terms(
+            jobs, starts, names, [tuple(model.get_parameter(n).shape) for n in names],
+            list(flat.offsets[: len(names)]),
+        )  # fmt: skip
+        order = None  # (mini-batches of devices of different sizes: most steps first)
+        if ragged and 0 < bs < min(counts):
+            order = stacking.longest_first(counts, ft.epochs, ft.steps, bs)
+            if order == sorted(order):
+                order = None
+        stack_counts = counts  # (in the stack's order)
+        if order is not None:
+            data, stack_counts, gens = ([xs[i] for i in order] for xs in (data, counts, gens))
+            rows_t = torch.tensor(order, device=dev)
+            if gated:
+                start = {n: v[rows_t] for n, v in start.items()}
+            if corr is not None:
+                corr = {n: c[torch.tensor(order)] for n, c in corr.items()}
         if ragged:
             whole = 0 if 0 < bs < min(counts) else full_batch_width(max(counts))
             X, Y = stacking.padded(data, dev, whole)
@@ -623,18 +641,17 @@ class Worker:
         else:
             X = torch.stack([x for x, _ in data]).to(dev)
             Y = torch.stack([y for _, y in data]).to(dev)
-        mu, corr = stacking.gradient_terms(
-            jobs, starts, names, [tuple(model.get_parameter(n).shape) for n in names],
-            list(flat.offsets[: len(names)]),
-        )  # fmt: skip
         t0 = time.perf_counter()
         got, losses = fit_stacked(
-            model, start, X, Y, generators=[j.fit_ctx.generator for j in jobs], loss=self.loss,
+            model, start, X, Y, generators=gens, loss=self.loss,
             lr=ft.lr, epochs=ft.epochs, steps=ft.steps, batch_size=ft.batch_size,
             momentum=tr["momentum"], weight_decay=tr["weight_decay"], prox_mu=mu,
             corrections=None if corr is None else {n: c.to(dev) for n, c in corr.items()},
-            counts=counts if ragged else None, buffers=bufs,
+            counts=stack_counts if ragged else None, buffers=bufs,
         )  # fmt: skip
+        if order is not None:  # (back in the jobs' order)
+            back = torch.argsort(rows_t)
+            got, losses = {n: v[back] for n, v in got.items()}, losses[back.to(losses.device)]
         gate_losses = self._held_out_losses(model, got, bufs, holdouts) if gated else None
         if bufs:
             got.update(bufs)

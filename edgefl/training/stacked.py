@@ -162,6 +162,15 @@ def _ragged_orders(counts: Sequence[int], bs: int, epochs: int, steps: int,
     return idx, mask, active
 
 
+def _active_prefix(active: torch.Tensor) -> list[int] | None:
+    """Per step, how many devices take it, when those are the stack's first ones at every
+    step (``active`` ``(T, K)`` of :func:`_ragged_orders`: devices in order of their steps,
+    most first); else None."""
+    m = active.sum(1)
+    first = torch.arange(active.shape[1], device=active.device).unsqueeze(0) < m.unsqueeze(1)
+    return m.tolist() if bool(torch.equal(active, first)) else None
+
+
 def _orders(n: int, bs: int, total: int, generators: Sequence[torch.Generator]):
     """Per step, the stacked example indices of every device: ``(devices, batch)`` long
     tensors, each device's epochs in its own ``randperm`` order (full batch: no draw)."""
@@ -364,40 +373,63 @@ def fit_stacked(
         else:
             plan = [(idx, None, None) for idx in _orders(n, bs, total, generators)]
         whole_t = None  # (the affine path's full batch, feature-major: transposed once)
-        for idx, mb, act in plan:
+        # devices of fewer steps are done while others go on: when those still training
+        # are the first m of the stack at every step (longest first: the worker stacks
+        # them so), only they compute, on views of the stack's first m rows; a device's
+        # arithmetic is the same either way
+        prefix = _active_prefix(active) if counts is not None and not whole else None
+        for t, (idx, mb, act) in enumerate(plan):
+            m = k if prefix is None else prefix[t]
+            cut = m < k
+            P = {name: v[:m] for name, v in params.items()} if cut else params
+            r = rows[:m] if cut else rows
+            if cut:
+                idx, mb, act = idx[:m], mb[:m], None
             full = idx is None or (bs >= n and mb is None)  # (the full batch, in order)
-            yb = Y if full else Y[rows, idx]
+            yb = Y if full else Y[r, idx]
             if affine is not None:
                 if full and whole_t is None:
                     whole_t = X.transpose(1, 2).contiguous()
-                xt = whole_t if full else X[rows, idx].transpose(1, 2).contiguous()
-                g, value = affine(params, xt, yb, mb)
+                xt = whole_t if full else X[r, idx].transpose(1, 2).contiguous()
+                g, value = affine(P, xt, yb, mb)
             else:
-                g, value = grad_and_loss(params, X if full else X[rows, idx], yb, mb)
-            loss_sum += value.detach() if act is None else value.detach() * act
+                g, value = grad_and_loss(P, X if full else X[r, idx], yb, mb)
+            if cut:
+                loss_sum[:m] += value.detach()
+            else:
+                loss_sum += value.detach() if act is None else value.detach() * act
             if frozen:
                 g = {name: v for name, v in g.items() if name not in frozen}
             with torch.no_grad():
                 if prox_mu:
-                    g = {name: g[name] + prox_mu * (params[name] - start[name]) for name in g}
+                    s0 = {name: v[:m] for name, v in start.items()} if cut and own else start
+                    g = {name: g[name] + prox_mu * (P[name] - s0[name]) for name in g}
                 if corrections is not None:
-                    g = {name: g[name] + corrections[name] for name in g}
+                    g = {name: g[name] + corrections[name][:m] for name in g}
                 if weight_decay:
-                    g = {name: g[name] + weight_decay * params[name] for name in g}
+                    g = {name: g[name] + weight_decay * P[name] for name in g}
                 still = None if act is None or bool(act.all()) else ~act  # (devices done)
                 if momentum:
-                    if moment is None:
+                    if moment is None and cut:  # (a device's first step: its buffer is g)
+                        moment = {name: torch.zeros_like(params[name]) for name in g}
+                        for name in moment:
+                            moment[name][:m].copy_(g[name])
+                    elif moment is None:
                         moment = {name: v.clone() for name, v in g.items()}
                     elif still is None:
                         for name in moment:
-                            moment[name].mul_(momentum).add_(g[name])
+                            moment[name][:m].mul_(momentum).add_(g[name])
                     else:
                         for name in moment:
                             new_buf = moment[name] * momentum + g[name]
                             moment[name] = torch.where(
                                 _along(still, new_buf), moment[name], new_buf
                             )
-                    g = moment
+                    g = {name: v[:m] for name, v in moment.items()} if cut else moment
+                if cut:  # (in place: the stack's rows of the devices done stay as they are)
+                    for name in g:
+                        P[name].add_(g[name], alpha=-lr)
+                    continue
                 new = {name: torch.add(params[name], g[name], alpha=-lr) if name in g
                        else params[name] for name in params}  # fmt: skip
                 if still is not None:
