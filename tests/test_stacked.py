@@ -334,6 +334,33 @@ def test_a_stack_longest_first_trains_only_its_devices_still_going_bit_for_bit(k
         assert torch.equal(loss[j], ref_loss[i])
 
 
+@pytest.mark.parametrize("kind", ["logreg", "mlp", "opaque"])
+def test_packed_examples_train_each_device_as_the_padded_stack_bit_for_bit(kind):
+    """Mini-batches of devices of different sizes from their examples back to back
+    (``offsets``, what a worker passes: nothing padded) give each device the padded
+    stack's parameters and loss, bit for bit; packed input that does not fit is refused."""
+    from edgefl.runtime.stacking import packed
+
+    X, Y = _data(9)
+    model = _model("logreg" if kind == "logreg" else "mlp")
+    if kind == "opaque":  # (a forward the written-out step does not know: autograd's path)
+        model = nn.Sequential(nn.Sequential(*model))
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opts = dict(loss=nn.functional.cross_entropy, lr=0.1, epochs=2, batch_size=4, momentum=0.5,
+                weight_decay=1e-3, counts=COUNTS)  # fmt: skip
+    ref, ref_loss = fit_stacked(model, start, X, Y, generators=_gens(), **opts)
+    Xp, Yp, offsets = packed([(X[d, :c], Y[d, :c]) for d, c in enumerate(COUNTS)], "cpu")
+    assert Xp.shape[0] == sum(COUNTS) and offsets[:2] == [0, COUNTS[0]]
+    got, loss = fit_stacked(model, start, Xp, Yp, generators=_gens(), offsets=offsets, **opts)
+    assert all(torch.equal(got[n], ref[n]) for n in start)
+    assert torch.equal(loss, ref_loss)
+    with pytest.raises(ValueError, match="reach row"):
+        fit_stacked(model, start, Xp[:-1], Yp[:-1], generators=_gens(), offsets=offsets, **opts)
+    with pytest.raises(ValueError, match="mini-batches only"):
+        fit_stacked(model, start, Xp, Yp, generators=_gens(), offsets=offsets,
+                    **{**opts, "batch_size": 0})  # fmt: skip
+
+
 def test_counts_need_mini_batches_and_the_cross_entropy():
     X, Y = _data(0)
     model = _model("logreg")

@@ -314,6 +314,17 @@ def longest_first(counts: list[int], epochs: int, steps: int, batch_size: int) -
     return sorted(range(len(counts)), key=lambda i: -totals[i])
 
 
+def packed(data: list, dev: str) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The examples of devices of different sizes back to back: ``(X, Y, offsets)``, ``X``
+    ``(N, ...)`` of all ``N`` examples, device ``i``'s from row ``offsets[i]`` on (what
+    :func:`edgefl.training.stacked.fit_stacked` takes for mini-batches: no padding, a
+    copy of the examples themselves, where a padded stack is as wide as the largest
+    device everywhere)."""
+    xs, ys = [x for x, _ in data], [y for _, y in data]
+    offsets = np.concatenate(([0], np.cumsum([len(y) for y in ys])[:-1])).tolist()
+    return torch.cat(xs).to(dev), torch.cat(ys).to(dev), [int(o) for o in offsets]
+
+
 def padded(data: list, dev: str, width: int = 0):
     """The examples of devices of different sizes as one stack: ``(X, Y)`` of shapes ``(K,
     n, ...)``, ``n`` the largest size (at least ``width``), device ``i``'s own in the first

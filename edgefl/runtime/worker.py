@@ -608,8 +608,9 @@ class Worker:
         ft, tr = jobs[0].fit_task, self.cfg["train"]
         counts = [len(y) for _, y in data]
         bs = ft.batch_size
-        # with masks, every stack pads (to the batch width, or to the full-batch width of
-        # its sizes), even one of equal sizes: a device's arithmetic is then its own
+        # with masks, every stack takes masked batches (mini-batches from its examples
+        # packed, or full batches padded to the full-batch width of its sizes), even one of
+        # equal sizes: a device's arithmetic is then its own
         ragged = masks_supported(self.loss) and (0 < bs < min(counts) or not 0 < bs < max(counts))
         ragged = ragged and not flat_bufs
         gens = [j.fit_ctx.generator for j in jobs]
@@ -630,9 +631,11 @@ class Worker:
                 start = {n: v[rows_t] for n, v in start.items()}
             if corr is not None:
                 corr = {n: c[torch.tensor(order)] for n, c in corr.items()}
-        if ragged:
-            whole = 0 if 0 < bs < min(counts) else full_batch_width(max(counts))
-            X, Y = stacking.padded(data, dev, whole)
+        offsets = None  # (mini-batches of devices of different sizes: examples packed)
+        if ragged and 0 < bs < min(counts):
+            X, Y, offsets = stacking.packed(data, dev)
+        elif ragged:
+            X, Y = stacking.padded(data, dev, full_batch_width(max(counts)))
         elif len(set(counts)) > 1:
             raise RuntimeError(
                 f"rank {self.rank}: devices {[j.device for j in jobs]} of different sizes "
@@ -647,7 +650,7 @@ class Worker:
             lr=ft.lr, epochs=ft.epochs, steps=ft.steps, batch_size=ft.batch_size,
             momentum=tr["momentum"], weight_decay=tr["weight_decay"], prox_mu=mu,
             corrections=None if corr is None else {n: c.to(dev) for n, c in corr.items()},
-            counts=stack_counts if ragged else None, buffers=bufs,
+            counts=stack_counts if ragged else None, offsets=offsets, buffers=bufs,
         )  # fmt: skip
         if order is not None:  # (back in the jobs' order)
             back = torch.argsort(rows_t)

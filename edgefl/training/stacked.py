@@ -206,6 +206,7 @@ def fit_stacked(
     prox_mu: float = 0.0,
     corrections: dict[str, torch.Tensor] | None = None,
     counts: Sequence[int] | None = None,
+    offsets: Sequence[int] | None = None,
     buffers: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Train ``K = X.shape[0]`` devices from the parameters ``start`` (name -> tensor, the
@@ -236,6 +237,11 @@ def fit_stacked(
             the whole ``n``-wide stack, masked; ``n`` must be every device's
             :func:`full_batch_width`). Either way the same arithmetic for a device in any
             stack.
+        offsets: with ``counts`` and mini-batches, the examples packed instead of padded:
+            ``X`` and ``Y`` hold every device's examples back to back, ``(N, ...)``,
+            device ``i``'s ``counts[i]`` from row ``offsets[i]`` on. Nothing is padded
+            (a mini-batch takes each device's rows from there); the same result per
+            device as the padded stack.
         buffers: the float buffers (BatchNorm running statistics) each device starts
             from, name -> ``(K, *shape)``, needed exactly when the model has some; updated
             in place by every step's forward pass, as the sequential trainer's steps update
@@ -247,8 +253,25 @@ def fit_stacked(
     """
     from torch.func import functional_call, vmap
 
-    k, n = int(X.shape[0]), int(X.shape[1])
-    if len(generators) != k or int(Y.shape[0]) != k or int(Y.shape[1]) != n:
+    if offsets is not None:  # (packed: every device's examples back to back)
+        if counts is None or len(offsets) != len(counts) or int(Y.shape[0]) != int(X.shape[0]):
+            raise ValueError(
+                f"fit_stacked: packed examples need counts and offsets of every device and "
+                f"targets for each of the {int(X.shape[0])} examples, got "
+                f"{None if counts is None else len(counts)} counts, {len(offsets)} offsets and "
+                f"{int(Y.shape[0])} targets"
+            )
+        ends = [int(o) + int(c) for o, c in zip(offsets, counts, strict=True)]
+        if any(int(o) < 0 for o in offsets) or max(ends, default=0) > int(X.shape[0]):
+            raise ValueError(
+                f"fit_stacked: packed devices reach row {max(ends)} of {int(X.shape[0])}"
+            )
+        k, n = len(counts), max(counts, default=0)
+        if batch_size == 0 or batch_size >= n:
+            raise ValueError("fit_stacked: packed examples train in mini-batches only")
+    else:
+        k, n = int(X.shape[0]), int(X.shape[1])
+    if len(generators) != k or (offsets is None and tuple(Y.shape[:2]) != (k, n)):
         raise ValueError(
             f"fit_stacked: {k} devices of {n} examples need {k} generators and targets of "
             f"shape ({k}, {n}, ...), got {len(generators)} and {tuple(Y.shape)}"
@@ -300,24 +323,31 @@ def fit_stacked(
         return stacked_start(), torch.zeros(k)
 
     affine = None  # (a chain of Linear and ReLU with the cross-entropy: gradients written out)
-    if not floats and masks_supported(loss) and Y.dim() == 2 and not Y.is_floating_point():
+    if (
+        not floats
+        and masks_supported(loss)
+        and Y.dim() == (1 if offsets is not None else 2)
+        and (not Y.is_floating_point())
+    ):
         from .stacked_affine import affine_chain, chain_grad, chain_inputs, stack_part
 
         found = affine_chain(model)
-        inputs = None if found is None else chain_inputs(X, found[1])
+        inputs = None if found is None else chain_inputs(X, found[1], offsets is not None)
         if inputs is not None:
-            part = stack_part(found[0], shapes, bs, int(inputs.shape[2]))
+            part = stack_part(found[0], shapes, bs, int(inputs.shape[-1]))
             if k > part:  # (in parts whose steps fit the caches: the same result per device)
                 outs = [
                     fit_stacked(
                         model, {name: v[lo : lo + part] for name, v in start.items()} if own
-                        else start, X[lo : lo + part], Y[lo : lo + part],
+                        else start, *((X, Y) if offsets is not None
+                                      else (X[lo : lo + part], Y[lo : lo + part])),
                         generators=generators[lo : lo + part], loss=loss, lr=lr, epochs=epochs,
                         steps=steps, batch_size=batch_size, momentum=momentum,
                         weight_decay=weight_decay, prox_mu=prox_mu,
                         corrections=None if corrections is None
                         else {name: c[lo : lo + part] for name, c in corrections.items()},
                         counts=None if counts is None else counts[lo : lo + part],
+                        offsets=None if offsets is None else offsets[lo : lo + part],
                     )
                     for lo in range(0, k, part)
                 ]  # fmt: skip
@@ -358,7 +388,9 @@ def fit_stacked(
         # each device's loss summed step by step (an elementwise sum: the same whatever
         # the stack's size, where a reduction over a (steps, devices) stack is not)
         loss_sum = torch.zeros(k, device=X.device)
-        rows = torch.arange(k).unsqueeze(1)
+        # (each device's rows of X: the stack's row, or its first row in packed examples)
+        rows = torch.arange(k) if offsets is None else torch.tensor([int(o) for o in offsets])
+        rows = rows.unsqueeze(1)  # (on the CPU, as the draws: torch moves indices to X's device)
         if whole:  # (no draws: full batches visit the examples in order, as one by one)
             mask = torch.arange(n).unsqueeze(0) < torch.tensor(list(counts)).unsqueeze(1)
             mask = mask.to(torch.float32).to(X.device)
@@ -386,14 +418,15 @@ def fit_stacked(
             if cut:
                 idx, mb, act = idx[:m], mb[:m], None
             full = idx is None or (bs >= n and mb is None)  # (the full batch, in order)
-            yb = Y if full else Y[r, idx]
+            at = None if full else (r, idx) if offsets is None else (r + idx,)
+            yb = Y if full else Y[at]
             if affine is not None:
                 if full and whole_t is None:
                     whole_t = X.transpose(1, 2).contiguous()
-                xt = whole_t if full else X[r, idx].transpose(1, 2).contiguous()
+                xt = whole_t if full else X[at].transpose(1, 2).contiguous()
                 g, value = affine(P, xt, yb, mb)
             else:
-                g, value = grad_and_loss(P, X if full else X[r, idx], yb, mb)
+                g, value = grad_and_loss(P, X if full else X[at], yb, mb)
             if cut:
                 loss_sum[:m] += value.detach()
             else:

@@ -122,14 +122,16 @@ def stack_part(chain: Chain, shapes: dict[str, tuple[int, ...]], width: int,
     return max(1, STEP_FLOATS // per_device)
 
 
-def chain_inputs(X: torch.Tensor, flattens: bool) -> torch.Tensor | None:
+def chain_inputs(X: torch.Tensor, flattens: bool, packed: bool = False) -> torch.Tensor | None:
     """A stack's examples ``(K, n, ...)`` as the chain's first layer takes them, ``(K, n,
     features)`` float (the model's own flatten and cast), or None when they can't be
-    (a plain Linear given anything but float vectors)."""
+    (a plain Linear given anything but float vectors). ``packed``: the examples of all
+    devices back to back, ``(N, ...)`` -> ``(N, features)``."""
+    lead = X.shape[:1] if packed else X.shape[:2]
     if flattens:
-        X = X.reshape(X.shape[0], X.shape[1], -1)
+        X = X.reshape(*lead, -1)
         return X if X.is_floating_point() else X.float()
-    return X if X.dim() == 3 and X.is_floating_point() else None
+    return X if X.dim() == len(lead) + 1 and X.is_floating_point() else None
 
 
 def chain_grad(chain: Chain) -> Callable:
