@@ -153,7 +153,9 @@ def numerics_text(f: dict) -> str:
     threads = f.get("threads")
     return (
         f"kernels {f.get('kernels')}, torch {f.get('torch')}, CPU capability "
-        f"{f.get('cpu_capability')}, MKL path {f.get('mkl_path')}, {threads} "
+        f"{f.get('cpu_capability')}, MKL path {f.get('mkl_path')}, "
+        + (f"BLAS {f['blas']}, " if f.get("blas") else "")
+        + f"{threads} "
         f"thread{'s' if threads != 1 else ''}, {f.get('platform')} ({f.get('cpu')}), probe "
         f"{f.get('probe')}"
     )
