@@ -47,6 +47,7 @@ Nothing here imports torch at module level: :func:`pin` must run before torch lo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -225,6 +226,7 @@ def _has_avx2() -> bool:
     return _cpu_has("avx2")
 
 
+@functools.cache
 def _cpu_has(flag: str) -> bool:
     """Does /proc/cpuinfo list ``flag`` (True where there is no /proc: a current CPU)?"""
     try:

@@ -209,7 +209,8 @@ def fit_stacked(
     offsets: Sequence[int] | None = None,
     buffers: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Train ``K = X.shape[0]`` devices from the parameters ``start`` (name -> tensor, the
+    """Train ``K`` devices (``X.shape[0]``; with ``offsets``, ``len(counts)``) from the
+    parameters ``start`` (name -> tensor, the
     model's shapes) on their own examples; returns (the trained parameters stacked along a
     leading device axis, each device's mean training loss over its steps, shape ``(K,)``).
 
