@@ -28,6 +28,7 @@ from ..launcher import INTERRUPTED
 from ..policies.consistency import Apply, Arrival, Decision, make_consistency
 from ..rankwrap import defer_stop
 from ..server import make_server
+from ..server.local import LocalServer
 from ..sim.timeline import Timeline
 from . import (
     blame,
@@ -185,6 +186,16 @@ class Coordinator:
         self.stop_checkpointed = False  # a checkpoint was written after the run stopped
         self.stop_request: tuple[float, int, str] | None = None  # a stop signal: (when,
         # exit status, why)
+        # a version's metrics row may be finished after its tasks are dispatched (_row):
+        # only without plugins that read rows or flush at the end, and with a server that
+        # keeps nothing at a row
+        self.row_waits = (
+            all(type(p).on_row is CoordinatorPlugin.on_row for p in self.plugins)
+            and all(type(p).flush_devices is CoordinatorPlugin.flush_devices for p in self.plugins)
+            and type(self.server).after_row is LocalServer.after_row
+        )
+        self.may_defer_row = False
+        self.deferred_row: tuple[dict, float] | None = None
 
     def _calibrate(self) -> float:
         return planning.calibrate(self)
@@ -392,9 +403,19 @@ class Coordinator:
     def _execute(self, dec: Decision, now: float) -> None:
         if dec.apply is not None:
             self.pending = dec  # (a checkpoint of the new version records what follows)
-            self.apply(dec.apply, now)
+            self.may_defer_row = bool(dec.dispatch)  # (the row may wait for the dispatch)
+            try:
+                self.apply(dec.apply, now)
+            finally:
+                self.may_defer_row = False
             self.pending = None
             dec = self.server.rerun(dec)  # a failed-over round starts again
+        try:
+            self._carry_out(dec, now)
+        finally:
+            self._finish_row()
+
+    def _carry_out(self, dec: Decision, now: float) -> None:
         if dec.timer is not None:
             self.ev.schedule(dec.timer[0], TIMER, token=dec.timer[1])
         for d in dec.dropped:
@@ -454,7 +475,36 @@ class Coordinator:
             self.events_log.write(event_line(now, event, device, task, self.version, extra))
 
     def _row(self, arr: list[Arrival], now: float) -> None:
-        return summary.record_row(self, arr, now)
+        if not self._row_can_wait():
+            return summary.record_row(self, arr, now)
+        self.deferred_row = (summary.begin_row(self, arr, now, evaluate_now=False), now)
+
+    def _row_can_wait(self) -> bool:
+        """May the new version's row (its test-set evaluation above all) wait until the
+        tasks that start from it are out, so that the workers train while rank 0
+        evaluates? Only when the row cannot change what happens next: no checkpoint at
+        this version, no target accuracy or debug stop to reach, not the last version,
+        no stop signal, no plugin that reads the row or flushes held-back updates at the
+        end, a server that keeps nothing at a row. (A non-finite test loss then stops the
+        run with those tasks out: none of them changes the model.)"""
+        cfg, r = self.cfg, self.version
+        every = cfg["run"]["checkpoint_every"]
+        return (
+            self.may_defer_row
+            and self.row_waits
+            and not self.stopped
+            and self.stop_request is None
+            and r < cfg["run"]["rounds"]
+            and cfg["run"]["target_accuracy"] <= 0
+            and cfg["debug"]["stop_after_round"] != r
+            and not (self.out_dir is not None and every and r % every == 0)
+        )
+
+    def _finish_row(self) -> None:
+        """The row :meth:`_row` left for after the dispatch (if any): evaluated, written."""
+        if self.deferred_row is not None:
+            (row, now), self.deferred_row = self.deferred_row, None
+            summary.finish_row(self, row, now, deferred=True)
 
     def checkpoint(self, round_: int, rows: list[dict], wall: float, now: float) -> Path:
         """Write checkpoint ``round_`` (core state, every plugin's state under its name)."""

@@ -32,9 +32,11 @@ def new_period() -> dict:
     return {"bytes_up": 0, "bytes_down": 0, "msgs_up": 0, "msgs_down": 0, "iterations": 0}
 
 
-def round_row(core: Coordinator, arr: list, now: float) -> dict:
+def round_row(core: Coordinator, arr: list, now: float, evaluate_now: bool = True) -> dict:
     """The metrics row of the version ``core`` just made from arrivals ``arr``; evaluates
-    the global model on the test set when due (``run.eval_every``, ``run.eval_every_s``)."""
+    the global model on the test set when due (``run.eval_every``, ``run.eval_every_s``;
+    ``evaluate_now`` False: ``test_loss`` and ``test_accuracy`` are None, in their place in
+    the row, for :func:`evaluate_into` to fill)."""
     cfg = core.cfg
     r = core.version
     row: dict = {"round": r, "time_s": now, "participants": len(arr), "updates": len(arr)}
@@ -49,14 +51,20 @@ def round_row(core: Coordinator, arr: list, now: float) -> dict:
         or (every_s > 0 and bucket > core.eval_bucket)
     ):
         core.eval_bucket = bucket
-        with torch.no_grad():
-            loss, acc = evaluate(
-                core.task.model, core.test_set, core.task.data.info.task, loss=core.loss
-            )
-        # (regression has no accuracy: None)
-        row["test_loss"], row["test_accuracy"] = loss, (acc if math.isfinite(acc) else None)
+        row["test_loss"] = row["test_accuracy"] = None
+        if evaluate_now:
+            evaluate_into(core, row)
     row.update(core.period)
     return row
+
+
+def evaluate_into(core: Coordinator, row: dict) -> None:
+    """The global model's test loss and accuracy, into ``row``."""
+    with torch.no_grad():
+        loss, acc = evaluate(core.task.model, core.test_set, core.task.data.info.task,
+                             loss=core.loss)  # fmt: skip
+    # (regression has no accuracy: None)
+    row["test_loss"], row["test_accuracy"] = loss, (acc if math.isfinite(acc) else None)
 
 
 def finish(core: Coordinator, rows: list[dict], rounds_done: int, wall: float, end: float) -> None:
@@ -165,18 +173,36 @@ def write_json(path: Path, obj: dict) -> None:
 def record_row(core: Coordinator, arr: list, now: float) -> None:
     """Append the new version's metrics row, show progress, decide an early stop, and write
     the checkpoint when one is due."""
-    cfg = core.cfg
-    r = core.version
-    row = round_row(core, arr, now)
+    finish_row(core, begin_row(core, arr, now), now)
+
+
+def begin_row(core: Coordinator, arr: list, now: float, evaluate_now: bool = True) -> dict:
+    """The new version's metrics row up to its test-set evaluation (``evaluate_now``
+    False: left to :func:`finish_row`) and its wall time (the row keeps its keys' order);
+    the counters of the period it closes start again."""
+    row = round_row(core, arr, now, evaluate_now)
     if core.gated:  # the pushes (major updates) this version applied
         row["major_updates"] = sorted(a.device for a in arr)
     core.period = new_period()
-    row["wall_time_s"] = time.monotonic() - core._t0
+    row["wall_time_s"] = None  # (finish_row)
     row["devices"] = {
         str(a.device): {"bytes_up": HEADER_BYTES + a.msg.nbytes, "msgs_up": 1,
                         "time_s": a.seconds}
         for a in arr
     }  # fmt: skip
+    return row
+
+
+def finish_row(core: Coordinator, row: dict, now: float, deferred: bool = False) -> None:
+    """The rest of :func:`record_row` for ``row`` of :func:`begin_row`: the evaluation if
+    it was left, the row written and shown, an early stop, the checkpoint. ``deferred``:
+    the next version's tasks are already out (:meth:`Coordinator.apply`), so a stop
+    signal that came meanwhile stops the run at the next version instead of this one."""
+    cfg = core.cfg
+    r = row["round"]
+    if "test_loss" in row and row["test_loss"] is None:
+        evaluate_into(core, row)
+    row["wall_time_s"] = time.monotonic() - core._t0
     for p in core.plugins:
         p.on_row(row)
     core.metrics.append(row)
@@ -192,7 +218,8 @@ def record_row(core: Coordinator, arr: list, now: float) -> None:
     elif stop_at and r == stop_at and r < cfg["run"]["rounds"]:
         core.stopped = f"debug.stop_after_round = {stop_at}"
         core.interrupted = True
-    elif getattr(core, "stop_request", None) is not None and r < cfg["run"]["rounds"]:
+    elif (getattr(core, "stop_request", None) is not None and r < cfg["run"]["rounds"]
+          and not deferred):  # fmt: skip
         core.interrupt("a resume goes on exactly from there")  # (a stop signal)
     core.server.after_row(row["wall_time_s"], now)
     every = cfg["run"]["checkpoint_every"]
