@@ -242,6 +242,10 @@ class Transport(ABC):
 
         Sends to ranks that die meanwhile are dropped instead of waited for."""
 
+    def flush_bundles(self) -> None:
+        """Send now the messages a transport holds to go out together (the MPI transport's
+        BUNDLEs, otherwise sent at the next poll); a transport that holds none: nothing."""
+
     def poll(self, timeout: float = 0.0) -> list[Message]:
         """Return the messages that arrived, waiting up to ``timeout`` seconds for at least one.
 

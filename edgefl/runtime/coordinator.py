@@ -504,6 +504,7 @@ class Coordinator:
         """The row :meth:`_row` left for after the dispatch (if any): evaluated, written."""
         if self.deferred_row is not None:
             (row, now), self.deferred_row = self.deferred_row, None
+            self.t.flush_bundles()  # (the tasks' TRAINs out now, not at the next poll)
             summary.finish_row(self, row, now, deferred=True)
 
     def checkpoint(self, round_: int, rows: list[dict], wall: float, now: float) -> Path:
