@@ -285,7 +285,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     from . import kernels
 
-    kernels.pin_configured(args.config, args.overrides)  # (before numpy loads: its OpenBLAS)
+    if os.environ.get(kernels.KERNELS_ENV) not in kernels.MODES:
+        # started by hand (mpirun ... edgefl run): pinned before numpy loads (its OpenBLAS).
+        # A rank edgefl simulate launched has its mode pinned in its environment already,
+        # and may start before the run directory's config.toml is written.
+        kernels.pin_configured(args.config, args.overrides)
     from .launcher import check_mpi4py
 
     _quick_exit()

@@ -122,7 +122,7 @@ def pin(mode: str) -> str | None:
 
 
 def configured_mode(
-    path: str | None = None, overrides: list[str] | tuple = (), doc: dict | None = None
+    path: str | None = None, overrides: list[str] | tuple | None = (), doc: dict | None = None
 ) -> str:
     """``run.kernels`` as the config will say, read before the config is loaded (loading it
     imports numpy, and numpy's OpenBLAS picks its kernels once, as it loads): the last
@@ -139,7 +139,7 @@ def configured_mode(
                 mode = _toml().load(f).get("run", {}).get("kernels", mode)
         if doc is not None:
             mode = doc.get("run", {}).get("kernels", mode)
-        for text in overrides:
+        for text in overrides or ():  # (None: no --set given)
             key, _, raw = text.partition("=")
             if key.strip() == "run.kernels":
                 mode = raw.strip().strip("'\"")
@@ -149,7 +149,7 @@ def configured_mode(
 
 
 def pin_configured(
-    path: str | None = None, overrides: list[str] | tuple = (), doc: dict | None = None
+    path: str | None = None, overrides: list[str] | tuple | None = (), doc: dict | None = None
 ) -> None:
     """:func:`pin` the :func:`configured_mode`, first thing in a command that loads a
     config and trains in this process, so that numpy's OpenBLAS loads pinned too. (The

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_edgefl
+from conftest import run_edgefl, run_launch
 from golden.configs import load_models, simulate_argv
 
 from edgefl import kernels
@@ -47,6 +47,12 @@ def machine_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in PINNED}
     env.update(extra)
     return env
+
+
+def edgefl_in(env: dict[str, str], *args: str, cwd) -> subprocess.CompletedProcess:
+    """``python -m edgefl ARGS`` in exactly ``env`` (run_edgefl adds this test process's
+    environment, pinned portable, to what it is given)."""
+    return run_launch([sys.executable, "-m", "edgefl", *args], timeout=300, cwd=cwd, env=env)
 
 
 def in_env(mode: str, env: dict[str, str], *names: str) -> dict:
@@ -148,7 +154,7 @@ def test_edgefl_simulate_in_process_pins_numpys_openblas_before_the_config_loads
     out = tmp_path / "run"
     env = machine_env(OPENBLAS_CORETYPE="SkylakeX" if AVX512 else "Haswell")
     argv = [*simulate_argv(entry["set"], out), "--backend", "inline"]
-    proc = run_edgefl(*argv, cwd=tmp_path, env=env)
+    proc = edgefl_in(env, *argv, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "warning" not in proc.stderr, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -163,6 +169,7 @@ def test_the_configured_mode_is_read_before_the_config_loads(tmp_path):
     native.write_text('[run]\nkernels = "native"\n')
     assert kernels.configured_mode() == "portable"
     assert kernels.configured_mode(str(native)) == "native"
+    assert kernels.configured_mode(str(native), None) == "native"  # (edgefl run, no --set)
     assert kernels.configured_mode(str(native), ['run.kernels="portable"']) == "portable"
     assert kernels.configured_mode(None, ["run.kernels = 'native'"]) == "native"
     assert kernels.configured_mode(None, [], {"run": {"kernels": "native"}}) == "native"
@@ -180,6 +187,24 @@ def test_an_old_fingerprint_without_a_field_is_compared_on_the_others():
     old = {k: v for k, v in new.items() if k != "blas"}
     assert kernels.differences(old, new) == []
     assert kernels.differences(old, dict(new, probe="y")) == ["probe x -> y"]
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not AVX512, reason="needs a CPU whose native kernels differ from AVX2")
+def test_native_kernels_over_mpiexec_are_the_machines_own(launcher, tmp_path):
+    """``run.kernels = "native"`` through the real CLI and mpiexec: every rank computes
+    with this machine's own kernels (its ranks pin the configured mode before the config
+    loads: a mode read wrongly there would leave them on portable kernels)."""
+    out = tmp_path / "run"
+    entry = MODELS["default_job"]
+    argv = simulate_argv([*entry["set"], "run.kernels=native"], out)
+    proc = edgefl_in(machine_env(), *argv, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    fp = summary["numerics"]
+    assert fp["kernels"] == "native" and fp["cpu_capability"].startswith("AVX512"), fp
+    assert fp["mkl_path"].startswith("auto:") and summary["numerics_differ"] == {}
+    assert summary["model_sha256"] != entry["model_sha256"]
 
 
 def test_pin_refuses_an_unknown_mode():
