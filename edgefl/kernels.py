@@ -117,8 +117,21 @@ def pin(mode: str) -> str | None:
     """
     if mode not in MODES:
         raise ValueError(f"kernels mode {mode!r}: expected one of {', '.join(MODES)}")
-    os.environ.update(rank_env(mode, {}))
+    env = rank_env(mode, {})
+    for name, before in _EARLY.items():  # (what pin_configured set that mode does not)
+        if name not in env:
+            if before is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = before
+    _EARLY.clear()
+    os.environ.update(env)
     return not_in_effect(mode)
+
+
+# variables pin_configured set -> their value before (None: unset); pin takes back those
+# its mode does not set (a resume whose checkpoint turns out native, say)
+_EARLY: dict[str, str | None] = {}
 
 
 def configured_mode(
@@ -153,8 +166,12 @@ def pin_configured(
 ) -> None:
     """:func:`pin` the :func:`configured_mode`, first thing in a command that loads a
     config and trains in this process, so that numpy's OpenBLAS loads pinned too. (The
-    command pins the loaded config's mode again; nothing here reads torch.)"""
-    os.environ.update(rank_env(configured_mode(path, overrides, doc), {}))
+    command pins the loaded config's mode again, which takes back what this set and that
+    mode does not; nothing here reads torch.)"""
+    env = rank_env(configured_mode(path, overrides, doc), {})
+    for name in env:
+        _EARLY.setdefault(name, os.environ.get(name))
+    os.environ.update(env)
 
 
 def pin_blas(mode: str) -> None:

@@ -180,6 +180,22 @@ def test_the_configured_mode_is_read_before_the_config_loads(tmp_path):
         assert kernels.configured_mode(str(path) if path else None, sets) == "portable"
 
 
+@pytest.mark.skipif(not X86, reason="portable mode pins x86-64 kernels only")
+def test_pin_takes_back_what_the_early_pin_set_for_another_mode(monkeypatch):
+    """The configured mode is guessed before the config loads (a resume's comes from its
+    checkpoint later): pinning the mode it turns out to be leaves no variable of the guess
+    behind, and keeps what the user had set."""
+    for name in PINNED:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_CBWR", "AUTO")  # (the user's own)
+    monkeypatch.setattr(kernels, "_EARLY", {})
+    kernels.pin_configured()  # (no config, no --set: portable)
+    assert os.environ["MKL_CBWR"] == "COMPATIBLE" and os.environ["ATEN_CPU_CAPABILITY"] == "avx2"
+    kernels.pin("native")
+    assert os.environ["MKL_CBWR"] == "AUTO" and "ATEN_CPU_CAPABILITY" not in os.environ
+    assert os.environ[kernels.KERNELS_ENV] == "native" and kernels._EARLY == {}
+
+
 def test_an_old_fingerprint_without_a_field_is_compared_on_the_others():
     """Checkpoints written before the fingerprint recorded numpy's BLAS resume without a
     warning about it, and still name a field both have that differs."""
