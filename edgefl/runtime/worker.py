@@ -618,21 +618,23 @@ class Worker:
             jobs, starts, names, [tuple(model.get_parameter(n).shape) for n in names],
             list(flat.offsets[: len(names)]),
         )  # fmt: skip
-        order = None  # (mini-batches of devices of different sizes: most steps first)
-        if ragged and 0 < bs < min(counts):
+        # mini-batches of devices of different sizes: most steps first, examples packed
+        mini = ragged and 0 < bs < min(counts)
+        order = None
+        if mini:
             order = stacking.longest_first(counts, ft.epochs, ft.steps, bs)
             if order == sorted(order):
                 order = None
         stack_counts = counts  # (in the stack's order)
         if order is not None:
             data, stack_counts, gens = ([xs[i] for i in order] for xs in (data, counts, gens))
-            rows_t = torch.tensor(order, device=dev)
+            rows_t = torch.tensor(order)
             if gated:
-                start = {n: v[rows_t] for n, v in start.items()}
+                start = {n: v[rows_t.to(dev)] for n, v in start.items()}
             if corr is not None:
-                corr = {n: c[torch.tensor(order)] for n, c in corr.items()}
-        offsets = None  # (mini-batches of devices of different sizes: examples packed)
-        if ragged and 0 < bs < min(counts):
+                corr = {n: c[rows_t] for n, c in corr.items()}
+        offsets = None
+        if mini:
             X, Y, offsets = stacking.packed(data, dev)
         elif ragged:
             X, Y = stacking.padded(data, dev, full_batch_width(max(counts)))
@@ -654,7 +656,8 @@ class Worker:
         )  # fmt: skip
         if order is not None:  # (back in the jobs' order)
             back = torch.argsort(rows_t)
-            got, losses = {n: v[back] for n, v in got.items()}, losses[back.to(losses.device)]
+            got = {n: v[back.to(v.device)] for n, v in got.items()}
+            losses = losses[back.to(losses.device)]
         gate_losses = self._held_out_losses(model, got, bufs, holdouts) if gated else None
         if bufs:
             got.update(bufs)
