@@ -36,6 +36,7 @@ from . import (
     divergence,
     failures,
     flush,
+    heap,
     planning,
     registration,
     rehost,
@@ -157,6 +158,7 @@ class Coordinator:
         self.staleness: dict[int, int] = {}
         self.lost_tasks = 0
         self.events_log = None
+        self._log_later: list | None = None  # (events.jsonl lines held back: log_event)
         self.failed: dict[int, float] = {}
         self.failed_ranks: dict[int, float] = {}
         self.t_failure: float | None = None
@@ -168,6 +170,7 @@ class Coordinator:
         self.refresh: dict[int, bool] = {}  # gated devices to get the new model first
         self.control_msgs = 0
         self.iter_time: dict[int, float] = {}
+        self.planned_arrival = 0.0  # (virtual s: the arrival of the task planned last)
         self.n_train = {d: v["samples"] for d, v in self.devices.items()}  # plugins may cut
         self.ctx = RuntimeCoordinatorContext(self)  # what the plugins see of the run
         self.plugins = coordinator_plugins(self.ctx)
@@ -234,8 +237,10 @@ class Coordinator:
             p.shape_task(d, spec)
         return spec
 
-    def _dispatch(self, d: int, now: float) -> None:
-        """Start a new task of ``d`` from the current model (model download + TRAIN)."""
+    def _dispatch(self, d: int, now: float, later: list | None = None) -> None:
+        """Start a new task of ``d`` from the current model (model download + TRAIN).
+        ``later``: the TRAIN is not sent yet; (planned arrival, d, task, spec) goes there
+        for :meth:`_send_in_arrival_order`."""
         task = self.next_task(d)
         self._book_download(d)
         self.inflight[d] = (task, self.version, now)
@@ -244,8 +249,26 @@ class Coordinator:
         spec = self._spec(d, 0)
         if not self._plan(d, task, now, spec, download=True):
             return
+        if later is not None:
+            later.append((self.planned_arrival, len(later), d, task, spec))
+            return
         self.model_to_rank(self.devices[d]["rank"])
         self._send_train(d, task, now, spec)
+
+    def _send_in_arrival_order(self, later: list, now: float) -> None:
+        """Send the TRAINs of tasks planned together (a round's, a wave's), those planned
+        to arrive first on the virtual clock first. Rank 0 takes updates in virtual-time
+        order, waiting for the next one; a worker trains its tasks in the order their
+        TRAINs came. Sent in the devices' order, a round's updates came in in an order
+        unrelated to the one rank 0 takes them in: most waited until the workers were done
+        (at 10,000 devices, the last third of a round). What the run computes does not
+        change: every task is planned, booked and logged as before, in the same order, and
+        rank 0 takes the updates in the same order (docs/architecture.md, the
+        coordinator's event loop)."""
+        later.sort(key=lambda x: (x[0], x[1]))
+        for _, _, d, task, spec in later:
+            self.model_to_rank(self.devices[d]["rank"])
+            self._send_train(d, task, now, spec)
 
     def _continue(self, d: int, now: float) -> None:
         """A gated device goes on with its next local iteration (no download; after a
@@ -424,6 +447,16 @@ class Coordinator:
             return  # the run is over: start nothing new
         if dec.dispatch:
             self.t.wait_sends()  # the global buffer may have changed since the last sends
+        if len(dec.dispatch) > 1 and self.virtual:
+            later: list = []
+            self._log_later = []  # (its events.jsonl lines: written after the TRAINs)
+            try:
+                for d in dec.dispatch:
+                    self._dispatch(d, now, later)
+                self._send_in_arrival_order(later, now)
+            finally:
+                self._write_later()
+            return
         for d in dec.dispatch:
             self._dispatch(d, now)
 
@@ -470,9 +503,19 @@ class Coordinator:
         self._row(arr, now)
 
     def log_event(self, event: str, now: float, device: int, task: int, **extra) -> None:
-        """One line of events.jsonl (``sim.event_log``)."""
+        """One line of events.jsonl (``sim.event_log``). While a dispatch wave is planned
+        (:meth:`_carry_out`) the lines wait, in order, until its TRAINs are out."""
         if self.events_log is not None:
+            if self._log_later is not None:
+                self._log_later.append((now, event, device, task, self.version, extra))
+                return
             self.events_log.write(event_line(now, event, device, task, self.version, extra))
+
+    def _write_later(self) -> None:
+        """Write the lines a dispatch wave's planning logged (see :meth:`log_event`)."""
+        lines, self._log_later = self._log_later, None
+        if lines and self.events_log is not None:
+            self.events_log.write("".join(event_line(*x) for x in lines))
 
     def _row(self, arr: list[Arrival], now: float) -> None:
         if not self._row_can_wait():
@@ -617,7 +660,8 @@ class Coordinator:
             mode = "a" if self.resume is not None else "w"
             self.events_log = open(out / "events.jsonl", mode, encoding="utf-8")  # noqa: SIM115
         try:
-            self._loop(rounds)
+            with heap.Settled():  # (the collector off what lives all run: heap.py)
+                self._loop(rounds)
             self._flush()
             if self.exit_status == 0 and not self.interrupted:
                 for p in self.plugins:

@@ -22,7 +22,8 @@ log = logging.getLogger("edgefl.coordinator")
 
 def plan(core: Coordinator, d: int, task: int, now: float, spec: TaskSpec, download: bool) -> bool:
     """Plan an iteration on the virtual clock (no-op on the wall clock); False if it
-    is lost (the device goes offline or dies first: nothing is sent)."""
+    is lost (the device goes offline or dies first: nothing is sent). The planned
+    arrival (virtual seconds) is left in ``core.planned_arrival``."""
     if not core.virtual:
         core.ev.schedule(0.0, ARRIVE, d, task)
         return True
@@ -38,6 +39,7 @@ def plan(core: Coordinator, d: int, task: int, now: float, spec: TaskSpec, downl
         core.ev.schedule(plan.lost_at, LOST, d, task)
         return False
     core.ev.schedule(plan.arrive, ARRIVE, d, task)
+    core.planned_arrival = plan.arrive
     return True
 
 

@@ -38,6 +38,7 @@ from . import devstate, stacking
 from .blame import STARTED
 from .contexts import RuntimeWorkerContext
 from .debughooks import WorkerDebug
+from .heap import Settled
 from .placement import devices_of_rank, torch_device_for
 from .state import Task
 from .watch import DECLARED_DEAD, FAREWELL, FAREWELL_WAIT_S, LIVENESS, STOPPED, WANT_FAREWELL
@@ -241,8 +242,14 @@ class Worker:
 
         MODEL messages are kept by version (a TRAIN names the version its task starts
         from); TRAINs queue up and are trained one at a time, in the order they came.
-        Plugins (and the server backend's client) handle their own kinds.
+        Plugins (and the server backend's client) handle their own kinds. The garbage
+        collector leaves what lives all run alone (:mod:`.heap`): the datasets built are
+        frozen once their number has doubled.
         """
+        with Settled() as settled:
+            return self._serve(settled)
+
+    def _serve(self, settled: Settled) -> int:
         limit = 2 * self.cfg["comm"]["failure_timeout_s"]  # without ULFM: silence of rank 0
         heard = time.monotonic()
         while True:
@@ -283,6 +290,7 @@ class Worker:
                 self._on_message(msg)
             if self.stack:
                 self._build_queued()
+                settled.grown(len(self._built))
             group = self._group() if self.stack else []
             if group:
                 self._train_group(group)
