@@ -11,13 +11,15 @@ happened to start (a worker in the middle of taking a bundle of TRAINs; rank 0 b
 arrivals, with the workers waiting for its next dispatch).
 
 :class:`Settled` freezes what is alive once the rank is set up (``gc.freeze``: a
-permanent generation the collector skips) after collecting what is already garbage, and
+permanent generation the collector skips; moving the objects there costs nothing), and
 again when the rank's long-lived objects have doubled (a worker that built its devices'
 datasets in its first round). Objects made later are collected as before; the ones frozen
-are freed by reference counting when they go, as always, and only a cycle among them
-waits for :meth:`Settled.__exit__`, which unfreezes everything (an in-process run, the
-inline backend's or a test's, leaves the interpreter as it found it). Nothing computed
-changes: only when the collector runs.
+are freed by reference counting when they go, as always, and only a cycle among them (or
+one that was already garbage when it was frozen) waits for :meth:`Settled.__exit__`, which
+unfreezes everything: the next collection takes it (an in-process run, the inline
+backend's or a test's, also leaves the interpreter as it found it). No collection is run
+here: a full one costs 0.1 to 1 s in a process with torch loaded, more than a small run's
+collections ever do. Nothing computed changes: only when the collector runs.
 """
 
 from __future__ import annotations
@@ -26,8 +28,7 @@ import gc
 
 
 def settle() -> None:
-    """Collect what is garbage now, then freeze everything still alive."""
-    gc.collect()
+    """Move every object the collector tracks now out of its future collections."""
     gc.freeze()
 
 
