@@ -43,6 +43,15 @@ def test_it_settles_again_only_when_what_it_holds_has_doubled():
     assert gc.get_freeze_count() == 0
 
 
+def test_a_later_settle_collects_the_garbage_made_since_the_first():
+    with Settled() as heap:
+        garbage = _Node()
+        gone = weakref.ref(garbage)
+        del garbage
+        heap.grown(10)
+        assert gone() is None  # (collected, not frozen)
+
+
 def test_a_cycle_frozen_while_alive_is_collected_once_the_run_is_over():
     with Settled():
         pass

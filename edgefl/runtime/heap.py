@@ -15,11 +15,13 @@ permanent generation the collector skips; moving the objects there costs nothing
 again when the rank's long-lived objects have doubled (a worker that built its devices'
 datasets in its first round). Objects made later are collected as before; the ones frozen
 are freed by reference counting when they go, as always, and only a cycle among them (or
-one that was already garbage when it was frozen) waits for :meth:`Settled.__exit__`, which
-unfreezes everything: the next collection takes it (an in-process run, the inline
-backend's or a test's, also leaves the interpreter as it found it). No collection is run
-here: a full one costs 0.1 to 1 s in a process with torch loaded, more than a small run's
-collections ever do. Nothing computed changes: only when the collector runs.
+one that was already garbage when the rank was set up) waits for :meth:`Settled.__exit__`,
+which unfreezes everything: the next collection takes it (an in-process run, the inline
+backend's or a test's, also leaves the interpreter as it found it). The first freeze runs
+no collection (a full one costs 0.1 to 1 s in a process with torch loaded, more than a
+small run's collections ever do); a later one collects first, which walks only what was
+made since the freeze before, so the garbage of a run's first rounds is not kept. Nothing
+computed changes: only when the collector runs.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from __future__ import annotations
 import gc
 
 
-def settle() -> None:
-    """Move every object the collector tracks now out of its future collections."""
+def settle(collect: bool = False) -> None:
+    """Move every object the collector tracks now out of its future collections
+    (``collect``: after collecting what is garbage among those not frozen yet)."""
+    if collect:
+        gc.collect()
     gc.freeze()
 
 
@@ -49,7 +54,7 @@ class Settled:
 
     def grown(self, size: int) -> None:
         if size > 2 * self.size:
-            settle()
+            settle(collect=True)
             self.size = size
 
     def __exit__(self, *exc: object) -> None:
